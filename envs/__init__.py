@@ -1,0 +1,122 @@
+"""sample_fast.envs: one batched-env API over MuJoCo C, MJX, EnvPool, gymnasium and a pure-torch toy env.
+
+    from sample_fast.envs import make
+    with make("ant", num_envs=64) as env:            # backend="auto": mujoco on CPU, mjx with CUDA
+        obs, info = env.reset()
+        obs, reward, terminated, truncated, info = env.step(actions)
+
+Names: the MuJoCo tasks in ``TASKS`` (``ant``, ``halfcheetah``, ``hopper``, ``walker2d``, ``humanoid``), ``toy``,
+and ``gymnasium:<registered id>`` for any gymnasium env. The episode convention is in ``sample_fast.envs.base``.
+Backends import lazily, so ``import sample_fast.envs`` never pulls in JAX or EnvPool.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any
+
+import torch
+
+from .base import BatchedEnv, EnvError, Spec, StepResult
+from .tasks import TASKS
+
+__all__ = ["make", "BatchedEnv", "EnvError", "Spec", "StepResult", "TASKS", "BACKENDS", "available_backends"]
+
+#: backend name -> (module, class name, pip package that provides it)
+BACKENDS: dict[str, tuple[str, str, str]] = {
+    "mujoco": ("mujoco_env", "MujocoEnv", "mujoco"),
+    "mjx": ("mjx_env", "MjxEnv", "mujoco-mjx jax"),
+    "envpool": ("envpool_env", "EnvPoolEnv", "envpool"),
+    "gymnasium": ("gymnasium_env", "GymnasiumEnv", "gymnasium"),
+    "toy": ("toy", "ToyEnv", "(built in)"),
+}
+
+_BACKEND_MODULES = {"mujoco": "mujoco", "mjx": "mujoco.mjx", "envpool": "envpool", "gymnasium": "gymnasium"}
+
+
+def available_backends() -> list[str]:
+    """Backends whose packages import on this machine."""
+    out = []
+    for name in BACKENDS:
+        mod = _BACKEND_MODULES.get(name)
+        if mod is None:
+            out.append(name)
+            continue
+        try:
+            if importlib.util.find_spec(mod.split(".")[0]) is not None:
+                out.append(name)
+        except (ImportError, ValueError):
+            pass
+    return out
+
+
+def _known_names() -> str:
+    return ", ".join(sorted(TASKS)) + ", toy, gymnasium:<id> (e.g. gymnasium:Pendulum-v1)"
+
+
+def resolve_backend(name: str, backend: str, device: torch.device) -> str:
+    """Pick the backend for ``name``; ``auto`` means mjx when ``device`` is CUDA, else mujoco."""
+    if backend not in (*BACKENDS, "auto"):
+        raise EnvError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(BACKENDS)}")
+    if name == "toy":
+        if backend not in ("auto", "toy"):
+            raise EnvError(f"env 'toy' runs only on backend 'toy' (got {backend!r}); use backend='auto'")
+        return "toy"
+    if name.startswith("gymnasium:"):
+        if backend not in ("auto", "gymnasium"):
+            raise EnvError(f"{name!r} runs on backend 'gymnasium' (got {backend!r}); use backend='auto'")
+        return "gymnasium"
+    if name not in TASKS:
+        raise EnvError(f"unknown env {name!r}; known envs: {_known_names()}")
+    if backend == "toy":
+        raise EnvError(f"backend 'toy' runs only env 'toy', not {name!r}")
+    if backend == "gymnasium":
+        raise EnvError(f"backend 'gymnasium' takes 'gymnasium:<id>' names; for {name!r} use 'gymnasium:{TASKS[name].gymnasium_id}'")
+    if backend == "auto":
+        return "mjx" if device.type == "cuda" else "mujoco"
+    return backend
+
+
+def make(
+    name: str,
+    num_envs: int,
+    backend: str = "auto",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    **task_options: Any,
+) -> BatchedEnv:
+    """Build a ``BatchedEnv`` of ``num_envs`` copies of ``name``.
+
+    Args:
+        name: a task in ``TASKS``, ``"toy"``, or ``"gymnasium:<id>"``.
+        num_envs: number of environments, >= 1.
+        backend: ``auto``, ``mujoco``, ``mjx``, ``envpool``, ``gymnasium`` or ``toy``.
+        device: where tensors live. Default: ``cuda`` for mjx when available, else ``cpu``.
+        seed: seeds resets (noise on the initial state) and anything random in the backend.
+        task_options: task settings (e.g. ``ctrl_cost_weight``, ``max_episode_steps``) and backend settings
+            (e.g. ``num_threads`` for mujoco, ``solver_iterations`` for MuJoCo/MJX). Unknown ones raise EnvError.
+    """
+    if not isinstance(name, str) or not name:
+        raise EnvError(f"env name must be a non-empty string; known envs: {_known_names()}")
+    if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
+        raise EnvError(f"num_envs must be a positive int, got {num_envs!r}")
+    if device is None:
+        device = "cuda" if (backend in ("mjx", "auto") and torch.cuda.is_available() and name in TASKS) else "cpu"
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise EnvError(f"invalid device {device!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EnvError(f"device {device} requested but torch sees no CUDA device; use device='cpu'")
+    chosen = resolve_backend(name, backend, device)
+    module_name, class_name, package = BACKENDS[chosen]
+    try:
+        module = importlib.import_module(f"{__name__}.{module_name}")
+    except ImportError as e:
+        raise EnvError(
+            f"backend {chosen!r} needs the package(s) {package}, which did not import ({e}); "
+            f"install with: pip install {package.split()[0]}"
+        ) from e
+    cls = getattr(module, class_name)
+    return cls(name, num_envs, device=device, seed=seed, **task_options)

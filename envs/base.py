@@ -1,0 +1,216 @@
+"""The batched-environment contract every backend implements.
+
+A ``BatchedEnv`` owns simulation state only: N copies of one task, stepped together, with torch tensors
+``[num_envs, ...]`` on the env's device in and out. It knows nothing about policies, buffers or learning.
+
+Auto-reset convention (the same for every backend; adapters convert theirs to it):
+
+* ``step(actions)`` returns ``StepResult(obs, reward, terminated, truncated, info)``.
+* ``reward[i]``, ``terminated[i]`` and ``truncated[i]`` describe the transition that ``actions[i]`` caused.
+* When that transition ended env i's episode (``terminated[i] or truncated[i]``), env i is reset *in the same
+  call*: ``obs[i]`` is already the first observation of the next episode, and the last observation of the
+  ended episode is in ``info["final_obs"][i]``. No action is ever discarded and no transition spans two
+  episodes (EnvPool's "reset on the next step" is converted in its adapter).
+* ``terminated`` means the MDP reached a terminal state (value 0, do not bootstrap). ``truncated`` means the
+  episode was cut by a time limit (bootstrap from ``V(info["final_obs"])``). A step can be both only if the
+  time limit and the terminal state coincide; then ``terminated`` wins for bootstrapping.
+* ``info["episode_return"][i]`` and ``info["episode_length"][i]`` hold the finished episode's undiscounted return
+  and length where ``done[i]``, and 0 elsewhere.
+* ``info["physics_reset"][i]`` is True when env i's physics produced a non-finite state; that env is reset, the
+  step is reported as ``terminated`` and its ``final_obs`` row is zeros (observations never carry NaN).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+
+class EnvError(ValueError):
+    """A bad argument to ``make`` or to a ``BatchedEnv`` method. The message says what to change."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Per-env spec of an observation or action tensor.
+
+    Attributes:
+        shape: shape of one env's tensor (the batched tensor is ``[num_envs, *shape]``).
+        dtype: torch dtype.
+        low, high: bounds, tensors of ``shape`` (continuous) or None when unbounded.
+        num_actions: number of discrete actions for a discrete action space, else None.
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    low: torch.Tensor | None = None
+    high: torch.Tensor | None = None
+    num_actions: int | None = None
+
+    @property
+    def is_discrete(self) -> bool:
+        return self.num_actions is not None
+
+    def describe(self, num_envs: int, device: torch.device) -> str:
+        extra = f", values in [0, {self.num_actions})" if self.is_discrete else ""
+        return f"shape {(num_envs, *self.shape)}, dtype {self.dtype}, device {device}{extra}"
+
+
+class StepResult(NamedTuple):
+    """What ``step``/``recv`` return. Shapes: obs ``[N, *obs_shape]`` float32, reward ``[N]`` float32,
+    terminated/truncated ``[N]`` bool, info: dict of tensors ``[N, ...]`` (see the module docstring)."""
+
+    obs: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    info: dict[str, Any]
+
+
+@dataclass
+class EpisodeTracker:
+    """Running undiscounted return and length per env, and the ``info`` fields derived from them."""
+
+    num_envs: int
+    device: torch.device
+    returns: torch.Tensor = field(init=False)
+    lengths: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.returns = torch.zeros(self.num_envs, dtype=torch.float32, device=self.device)
+        self.lengths = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+
+    def reset(self) -> None:
+        self.returns.zero_()
+        self.lengths.zero_()
+
+    def update(self, reward: torch.Tensor, done: torch.Tensor, info: dict[str, Any]) -> None:
+        """Accumulate one step; write ``episode_return``/``episode_length`` into ``info`` and restart done envs."""
+        self.returns += reward
+        self.lengths += 1
+        info["episode_return"] = torch.where(done, self.returns, torch.zeros_like(self.returns))
+        info["episode_length"] = torch.where(done, self.lengths, torch.zeros_like(self.lengths))
+        self.returns.masked_fill_(done, 0.0)
+        self.lengths.masked_fill_(done, 0)
+
+
+class BatchedEnv(abc.ABC):
+    """N environments of one task stepped together. See the module docstring for the episode convention.
+
+    Subclasses set ``num_envs``, ``device``, ``observation_spec``, ``action_spec``, ``backend``, ``name`` and
+    ``max_episode_steps`` in their constructor, and implement ``_reset`` and ``_step`` (or override ``send``/``recv``
+    when they can overlap simulation with the caller's work).
+    """
+
+    num_envs: int
+    device: torch.device
+    observation_spec: Spec
+    action_spec: Spec
+    backend: str
+    name: str
+    max_episode_steps: int | None = None
+    #: Seconds of simulated time per env step (``timestep * frame_skip``), where the backend knows it.
+    dt: float | None = None
+    #: Physics steps per env step.
+    frame_skip: int = 1
+    check_actions: bool = True
+
+    _pending: torch.Tensor | None = None
+    _closed: bool = False
+
+    # ----- public API -------------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Reset every env. Returns obs ``[N, *obs_shape]`` and an info dict. ``seed`` reseeds the batch."""
+        self._check_open()
+        self._pending = None
+        return self._reset(seed)
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        """Step every env with ``actions`` ``[N, *action_shape]`` (see ``action_spec``)."""
+        self.send(actions)
+        return self.recv()
+
+    def send(self, actions: torch.Tensor) -> None:
+        """Start stepping with ``actions``; ``recv()`` returns the result. Backends that can overlap simulation
+        with the caller's work (threads, EnvPool async, JAX async dispatch) return before the step finishes."""
+        self._check_open()
+        if self._pending is not None:
+            raise EnvError("send() called twice without recv(); call recv() to collect the previous step first")
+        if self.check_actions:
+            self.validate_actions(actions)
+        self._pending = actions
+        self._send(actions)
+
+    def recv(self) -> StepResult:
+        """Wait for the step started by ``send`` and return its ``StepResult``."""
+        self._check_open()
+        if self._pending is None:
+            raise EnvError("recv() called without a pending send(actions)")
+        actions, self._pending = self._pending, None
+        return self._recv(actions)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> BatchedEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort; close() is the contract
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.name!r}, backend={self.backend!r}, num_envs={self.num_envs}, "
+            f"device={self.device}, obs={tuple(self.observation_spec.shape)}, act={tuple(self.action_spec.shape)})"
+        )
+
+    # ----- validation ---------------------------------------------------------------------------------------
+    def validate_actions(self, actions: torch.Tensor) -> None:
+        """Raise ``EnvError`` naming the expected spec if ``actions`` has the wrong type, shape, dtype or device,
+        or holds non-finite values."""
+        spec = self.action_spec
+        expected = spec.describe(self.num_envs, self.device)
+        if not isinstance(actions, torch.Tensor):
+            raise EnvError(f"actions must be a torch.Tensor with {expected}; got {type(actions).__name__}")
+        if tuple(actions.shape) != (self.num_envs, *spec.shape):
+            raise EnvError(f"actions have shape {tuple(actions.shape)}; expected {expected}")
+        if actions.dtype != spec.dtype:
+            raise EnvError(f"actions have dtype {actions.dtype}; expected {expected} (use actions.to({spec.dtype}))")
+        if actions.device != self.device:
+            raise EnvError(f"actions are on {actions.device}; expected {expected} (use actions.to('{self.device}'))")
+        if not spec.is_discrete and not bool(torch.isfinite(actions).all()):  # SYNC: one host read per step
+            bad = (~torch.isfinite(actions)).any(dim=tuple(range(1, actions.ndim))).nonzero().flatten().tolist()
+            raise EnvError(f"actions contain NaN or inf for envs {bad[:10]}; check the policy output")
+        if spec.is_discrete and actions.numel() and (actions.min() < 0 or actions.max() >= spec.num_actions):
+            raise EnvError(f"discrete actions must be in [0, {spec.num_actions}); got [{actions.min()}, {actions.max()}]")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EnvError(f"{self!r} is closed; make a new env with sample_fast.envs.make(...)")
+
+    # ----- backend hooks ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _reset(self, seed: int | None) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+    def _send(self, actions: torch.Tensor) -> None:
+        """Default: nothing happens until ``_recv``."""
+
+    def _recv(self, actions: torch.Tensor) -> StepResult:
+        return self._step(actions)
+
+    def _step(self, actions: torch.Tensor) -> StepResult:
+        raise NotImplementedError(f"{type(self).__name__} implements neither _step nor _send/_recv")
+
+    def _close(self) -> None:
+        """Release threads, processes and devices. Called once."""

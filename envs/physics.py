@@ -1,0 +1,54 @@
+"""Builds the MjModel a task runs on, with the model options shared by the mujoco and mjx backends.
+
+Owns: loading the task's MJCF (gymnasium's own files), applying ``solver_iterations``, ``ls_iterations`` and
+``contacts="feet"`` (only feet-floor contact pairs, the MJX speed setting), and reading ``ModelConsts``.
+Both physics backends call ``build_model`` so that the same options give the same model on both.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from .base import EnvError
+from .tasks import ModelConsts, TaskDef
+
+
+def build_model(task: TaskDef, opts: dict[str, Any], xml: str | None = None) -> mujoco.MjModel:
+    """Compile the task's model with ``opts`` applied. ``xml`` overrides the task's file (custom robots)."""
+    try:
+        spec = mujoco.MjSpec.from_string(xml) if xml is not None else mujoco.MjSpec.from_file(task.xml_path)
+    except Exception as e:  # MuJoCo's parser error names line and element
+        raise EnvError(f"could not load MJCF for task {task.name!r} ({xml and 'string' or task.xml_path}): {e}") from e
+    if opts.get("contacts", "all") == "feet":
+        floor = "floor"
+        names = {g.name for g in spec.geoms}
+        missing = [n for n in (*task.feet, floor) if n not in names]
+        if missing or not task.feet:
+            raise EnvError(f"contacts='feet' needs geoms {missing or 'feet'} in task {task.name!r}; use contacts='all'")
+        for g in spec.geoms:
+            g.contype = 0
+            g.conaffinity = 0
+        for foot in task.feet:
+            spec.add_pair(geomname1=floor, geomname2=foot)
+    with warnings.catch_warnings():  # humanoid.xml uses the deprecated settotalmass; harmless here
+        warnings.simplefilter("ignore", UserWarning)
+        model = spec.compile()
+    if opts.get("solver_iterations") is not None:
+        model.opt.iterations = int(opts["solver_iterations"])
+    if opts.get("ls_iterations") is not None:
+        model.opt.ls_iterations = int(opts["ls_iterations"])
+    return model
+
+
+def model_consts(model: mujoco.MjModel) -> ModelConsts:
+    return ModelConsts(
+        body_mass=np.asarray(model.body_mass, dtype=np.float64).copy(),
+        nq=model.nq,
+        nv=model.nv,
+        nu=model.nu,
+        nbody=model.nbody,
+    )

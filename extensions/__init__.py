@@ -1,0 +1,1 @@
+"""sample_fast.extensions: fast kernels (numba CPU and CUDA) for advantage estimation."""

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the project-local virtualenv .venv and installs sample_fast into it (editable), with every backend that
+# installs on this machine. Safe to rerun. Never pulls a CUDA build of torch onto a machine without a GPU:
+# torch is installed first, pinned (the CPU wheel where no NVIDIA driver is present), so the package's own
+# `torch>=...` requirement is already satisfied when pip resolves it.
+#   bash scripts/setup.sh            # CPU or GPU, auto-detected
+#   TORCH_SPEC="torch==2.13.0" bash scripts/setup.sh   # choose the torch build yourself
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
+  echo "sample_fast needs Python >= 3.10 (found $("$PY" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+"$VPY" -m pip install -q --upgrade pip
+if [ -z "${TORCH_SPEC:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    TORCH_SPEC="torch"            # a GPU is present: the default (CUDA) build is what the user wants
+  else
+    TORCH_SPEC="torch==2.13.0"    # the CPU wheel; an unpinned torch would drag in a multi-GB CUDA build
+  fi
+fi
+if ! "$VPY" -c 'import torch' >/dev/null 2>&1; then
+  echo "setup: installing $TORCH_SPEC"
+  "$VPY" -m pip install -q "$TORCH_SPEC"
+fi
+echo "setup: installing sample_fast (editable) and its dependencies"
+"$VPY" -m pip install -q -e ".[dev]"
+# EnvPool is optional: it ships wheels for Linux x86_64 only. CI installs it whenever it can.
+if ! "$VPY" -m pip install -q "envpool>=1.2" 2>/dev/null; then
+  echo "setup: envpool did not install on this platform; its backend and tests are skipped"
+fi
+"$VPY" -c 'import torch; assert torch.__version__, "torch missing"; print("setup: torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")'
+echo "setup: done. Activate with: source .venv/bin/activate"
