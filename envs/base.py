@@ -8,9 +8,11 @@ Auto-reset convention (the same for every backend; adapters convert theirs to it
 * ``step(actions)`` returns ``StepResult(obs, reward, terminated, truncated, info)``.
 * ``reward[i]``, ``terminated[i]`` and ``truncated[i]`` describe the transition that ``actions[i]`` caused.
 * When that transition ended env i's episode (``terminated[i] or truncated[i]``), env i is reset *in the same
-  call*: ``obs[i]`` is already the first observation of the next episode, and the last observation of the
-  ended episode is in ``info["final_obs"][i]``. No action is ever discarded and no transition spans two
-  episodes (EnvPool's "reset on the next step" is converted in its adapter).
+  call*: ``obs[i]`` is already the first observation of the next episode. No action is ever discarded and no
+  transition spans two episodes (EnvPool's "reset on the next step" is converted in its adapter).
+* ``info["final_obs"]`` ``[N, *obs_shape]`` is always the observation each transition actually reached: the last
+  observation of the ended episode where ``done[i]``, and equal to ``obs[i]`` elsewhere. So ``final_obs`` is the
+  true ``next_obs`` of every transition, which is what bootstrapping needs.
 * ``terminated`` means the MDP reached a terminal state (value 0, do not bootstrap). ``truncated`` means the
   episode was cut by a time limit (bootstrap from ``V(info["final_obs"])``). A step can be both only if the
   time limit and the terminal state coincide; then ``terminated`` wins for bootstrapping.
