@@ -1,0 +1,313 @@
+"""Tests for the ``mujoco`` backend (envs/mujoco_env.py).
+
+Independent expectations: gymnasium's own v5 envs stepped from the same state (observations, rewards and
+terminations must agree to float32 rounding), reset states recomputed by hand from the documented seeding, a second
+env without time limit as the non-resetting reference, and thread counts from ``threading.enumerate``.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from sample_fast.envs import EnvError, make
+from sample_fast.envs.mujoco_env import MujocoEnv
+from sample_fast.envs.tasks import ANT_V4_OPTIONS, TASKS
+
+TASK_NAMES = sorted(TASKS)
+
+
+def _worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("mujoco-env-") and t.is_alive()]
+
+
+def _actions(env: MujocoEnv, rng: np.random.Generator) -> torch.Tensor:
+    lo, hi = env.action_spec.low.numpy(), env.action_spec.high.numpy()
+    return torch.from_numpy(rng.uniform(lo, hi, (env.num_envs, *env.action_spec.shape)).astype(np.float32))
+
+
+def _compare_with_gymnasium(task: str, gym_id: str, options: dict, num_steps: int, v4_terminal_bonus: float = 0.0):
+    """Step gymnasium's env and env 1 of ours from the same states with the same actions; returns #terminations."""
+    genv = gym.make(gym_id, **({} if gym_id.endswith("v4") else options))
+    env = make(task, 2, backend="mujoco", seed=3, num_threads=2, **options)
+    rng = np.random.default_rng(0)
+    num_terminated = 0
+    try:
+        gobs, _ = genv.reset(seed=1)
+        env.reset()
+        data = genv.unwrapped.data
+        # gymnasium's reset is mj_resetData + set_state + mj_forward; set_state does the same on ours.
+        obs1 = env.set_state(1, data.qpos.copy(), data.qvel.copy())
+        np.testing.assert_array_equal(obs1.numpy(), gobs.astype(np.float32))
+        for t in range(num_steps):
+            actions = _actions(env, rng)
+            gobs, greward, gterm, gtrunc, _ = genv.step(actions[1].numpy())
+            obs, reward, term, trunc, info = env.step(actions)
+            assert not gtrunc and not bool(trunc[1])
+            np.testing.assert_allclose(info["final_obs"][1].numpy(), gobs.astype(np.float32), rtol=1e-6, atol=1e-6)
+            expected_reward = greward - (v4_terminal_bonus if gterm else 0.0)
+            np.testing.assert_allclose(float(reward[1]), expected_reward, rtol=1e-5, atol=1e-5, err_msg=f"step {t}")
+            assert bool(term[1]) == gterm, f"step {t}"
+            assert not bool(info["physics_reset"].any())
+            if gterm:  # both reset; put ours in gymnasium's new initial state
+                num_terminated += 1
+                gobs, _ = genv.reset()
+                env.set_state(1, data.qpos.copy(), data.qvel.copy())
+    finally:
+        genv.close()
+        env.close()
+    return num_terminated
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("task", TASK_NAMES)
+def test_matches_gymnasium_v5(task):
+    terminations = _compare_with_gymnasium(task, TASKS[task].gymnasium_id, {}, num_steps=150)
+    if task != "halfcheetah":  # random actions topple the others: terminal steps and the resets after them are covered
+        assert terminations >= 1
+
+
+@pytest.mark.timeout(60)
+def test_ant_v4_options_match_gymnasium_ant_v4():
+    # Ant-v4 pays healthy_reward on the terminal step too (v5, and so ANT_V4_OPTIONS, do not): exactly +1 there.
+    _compare_with_gymnasium("ant", "Ant-v4", dict(ANT_V4_OPTIONS), num_steps=40, v4_terminal_bonus=1.0)
+
+
+@pytest.mark.timeout(60)
+def test_ant_without_contact_forces_matches_gymnasium_v5():
+    options = {"include_cfrc_ext_in_observation": False, "contact_cost_weight": 0.0}
+    _compare_with_gymnasium("ant", "Ant-v5", options, num_steps=30)
+
+
+@pytest.mark.timeout(60)
+def test_specs_shapes_dtypes():
+    expected_obs = {"ant": 105, "halfcheetah": 17, "hopper": 11, "walker2d": 17, "humanoid": 348}
+    expected_act = {"ant": 8, "halfcheetah": 6, "hopper": 3, "walker2d": 6, "humanoid": 17}
+    for task in TASK_NAMES:
+        with make(task, 3, backend="mujoco", num_threads=2) as env:
+            genv = gym.make(TASKS[task].gymnasium_id)
+            assert env.observation_spec.shape == (expected_obs[task],) == genv.observation_space.shape
+            assert env.action_spec.shape == (expected_act[task],) == genv.action_space.shape
+            np.testing.assert_array_equal(env.action_spec.low.numpy(), genv.action_space.low)
+            np.testing.assert_array_equal(env.action_spec.high.numpy(), genv.action_space.high)
+            genv.close()
+            assert env.frame_skip == TASKS[task].frame_skip
+            assert env.dt == pytest.approx(env.model.opt.timestep * env.frame_skip)
+            obs, info = env.reset()
+            assert obs.shape == (3, expected_obs[task]) and obs.dtype == torch.float32 and obs.device.type == "cpu"
+            r = env.step(torch.zeros(3, expected_act[task]))
+            assert r.obs.shape == (3, expected_obs[task]) and r.obs.dtype == torch.float32
+            assert r.reward.shape == (3,) and r.reward.dtype == torch.float32
+            assert r.terminated.dtype == torch.bool and r.truncated.dtype == torch.bool
+            assert r.info["final_obs"].shape == r.obs.shape
+            assert r.info["physics_reset"].dtype == torch.bool
+            assert r.info["episode_length"].dtype == torch.int64
+
+
+@pytest.mark.timeout(60)
+def test_seeded_determinism_and_thread_count_independence():
+    def rollout(seed, num_threads, num_steps=12):
+        with make("hopper", 5, backend="mujoco", seed=seed, num_threads=num_threads, max_episode_steps=7) as env:
+            rng = np.random.default_rng(5)
+            out = [env.reset()[0]]
+            for _ in range(num_steps):
+                r = env.step(_actions(env, rng))
+                out += [r.obs, r.reward, r.terminated, r.truncated, r.info["final_obs"]]
+            out.append(env.reset(seed=seed)[0])  # reseeding restarts the reset noise
+            return out
+
+    a = rollout(0, 1)
+    assert torch.equal(a[0], a[-1])
+    for b in (rollout(0, 1), rollout(0, 2), rollout(0, 3)):  # 5 envs over 3 threads: uneven slices
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    c = rollout(1, 2)
+    assert not torch.equal(a[0], c[0])
+
+
+@pytest.mark.timeout(60)
+def test_returned_tensors_are_not_overwritten():
+    with make("halfcheetah", 2, backend="mujoco", num_threads=1) as env:
+        obs0, _ = env.reset()
+        kept = obs0.clone()
+        r1 = env.step(torch.ones(2, 6))
+        kept1 = [r1.obs.clone(), r1.reward.clone(), r1.info["final_obs"].clone()]
+        env.step(-torch.ones(2, 6))
+        assert torch.equal(obs0, kept)
+        assert all(torch.equal(x, y) for x, y in zip(kept1, [r1.obs, r1.reward, r1.info["final_obs"]], strict=True))
+
+
+def _expected_halfcheetah_reset_obs(env: MujocoEnv, seed: int, env_idx: int, reset_number: int) -> np.ndarray:
+    """Recompute by hand the documented reset: per-env PCG64 from SeedSequence(seed).spawn(N), qpos uniform and
+    qvel normal noise (HalfCheetah-v5), observation = qpos[1:] ++ qvel."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(env.num_envs)[env_idx])
+    scale, m = 0.1, env.model
+    for _ in range(reset_number + 1):
+        qpos = m.qpos0 + rng.uniform(-scale, scale, m.nq)
+        qvel = scale * rng.standard_normal(m.nv)
+    return np.concatenate([qpos[1:], qvel]).astype(np.float32)
+
+
+@pytest.mark.timeout(60)
+def test_truncation_autoreset_and_episode_stats():
+    n, seed = 3, 7
+    rng = np.random.default_rng(1)
+    actions = [torch.from_numpy(rng.uniform(-1, 1, (n, 6)).astype(np.float32)) for _ in range(6)]
+    with (
+        make("halfcheetah", n, backend="mujoco", seed=seed, max_episode_steps=5) as env,
+        make("halfcheetah", n, backend="mujoco", seed=seed, max_episode_steps=None) as ref,
+    ):
+        obs, _ = env.reset()
+        ref_obs, _ = ref.reset()
+        for i in range(n):
+            np.testing.assert_array_equal(obs[i].numpy(), _expected_halfcheetah_reset_obs(env, seed, i, 0))
+        rewards = []
+        for t in range(5):
+            r = env.step(actions[t])
+            rr = ref.step(actions[t])
+            rewards.append(r.reward)
+            assert not r.terminated.any() and not rr.terminated.any() and not rr.truncated.any()
+            # reward from the reported velocity: forward - 0.1 * |a|^2 (HalfCheetah-v5)
+            expected = r.info["x_velocity"].double() - 0.1 * (actions[t].double() ** 2).sum(1)
+            torch.testing.assert_close(r.reward.double(), expected, rtol=1e-5, atol=1e-5)
+            if t < 4:
+                assert not r.truncated.any()
+                assert torch.equal(r.obs, rr.obs) and torch.equal(r.info["final_obs"], r.obs)
+                assert (r.info["episode_length"] == 0).all() and (r.info["episode_return"] == 0).all()
+        assert r.truncated.all() and not r.terminated.any()
+        assert torch.equal(r.info["final_obs"], rr.obs)  # the true last observation of the episode
+        for i in range(n):  # and obs is already the next episode's first observation
+            np.testing.assert_array_equal(r.obs[i].numpy(), _expected_halfcheetah_reset_obs(env, seed, i, 1))
+        assert (r.info["episode_length"] == 5).all()
+        torch.testing.assert_close(r.info["episode_return"], sum(rewards[1:], rewards[0]))
+        r = env.step(actions[5])  # counters restarted
+        assert not r.truncated.any() and (r.info["episode_length"] == 0).all()
+
+
+@pytest.mark.timeout(60)
+def test_termination_is_not_truncation():
+    # hopper starts at z = 1.25: with healthy_z_range (10, inf) the first step is unhealthy.
+    with make("hopper", 2, backend="mujoco", healthy_z_range=(10.0, float("inf"))) as env:
+        env.reset()
+        a = torch.full((2, 3), 0.5)
+        r = env.step(a)
+        assert r.terminated.all() and not r.truncated.any()
+        assert (r.info["episode_length"] == 1).all()
+        # no healthy reward on the unhealthy step: reward = velocity - 1e-3 * |a|^2
+        expected = r.info["x_velocity"].double() - 1e-3 * 0.75
+        torch.testing.assert_close(r.reward.double(), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(r.info["episode_return"], r.reward)
+        assert not torch.equal(r.obs, r.info["final_obs"])
+    with make(
+        "hopper", 2, backend="mujoco", healthy_z_range=(10.0, float("inf")), terminate_when_unhealthy=False
+    ) as env:
+        env.reset()
+        r = env.step(torch.zeros(2, 3))
+        assert not r.terminated.any() and not r.truncated.any()
+
+
+@pytest.mark.timeout(60)
+def test_non_finite_physics_resets_only_that_env(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MuJoCo appends its warnings to ./MUJOCO_LOG.TXT
+    rng = np.random.default_rng(2)
+    with (
+        make("ant", 3, backend="mujoco", seed=4, num_threads=2) as env,
+        make("ant", 3, backend="mujoco", seed=4, num_threads=2) as ref,
+    ):
+        env.reset()
+        ref.reset()
+        a = _actions(env, rng)
+        env.step(a)
+        ref.step(a)
+        env.datas[1].qpos[3] = np.nan  # through the exposed MjData: a NaN quaternion
+        env.datas[2].qvel[:] = 1e12  # beyond MuJoCo's mjMAXVAL
+        a = _actions(env, rng)
+        r = env.step(a)
+        rr = ref.step(a)
+        assert r.info["physics_reset"].tolist() == [False, True, True]
+        assert r.terminated.tolist() == [False, True, True] and not r.truncated.any()
+        assert torch.isfinite(r.obs).all() and torch.isfinite(r.reward).all()
+        assert (r.info["final_obs"][1:] == 0).all() and (r.reward[1:] == 0).all()
+        assert (r.info["episode_length"][1:] == 2).all()
+        assert torch.equal(r.obs[0], rr.obs[0]) and torch.equal(r.reward[0], rr.reward[0])
+        # the reset envs start a normal episode: fresh state, finite, and they keep stepping like everyone else
+        r = env.step(_actions(env, rng))
+        assert not r.info["physics_reset"].any() and torch.isfinite(r.obs).all()
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_errors():
+    with make("ant", 2, backend="mujoco", num_threads=1) as env:
+        env.reset()
+        with pytest.raises(EnvError, match=r"shape \(2, 8\)"):
+            env.step(torch.zeros(2, 7))
+        with pytest.raises(EnvError, match="torch.float32"):
+            env.step(torch.zeros(2, 8, dtype=torch.float64))
+        with pytest.raises(EnvError, match="device cpu"):
+            env.step(torch.zeros(2, 8, device="meta"))
+        with pytest.raises(EnvError, match="NaN"):
+            env.step(torch.tensor([[0.0] * 8, [float("nan")] + [0.0] * 7]))
+        with pytest.raises(EnvError, match="torch.Tensor"):
+            env.step(np.zeros((2, 8), dtype=np.float32))
+        r = env.step(torch.full((2, 8), 5.0))  # out of range: clipped to [-1, 1], so the cost is 0.5 * 8
+        torch.testing.assert_close(r.info["x_velocity"] + 1.0 - 4.0, r.reward, atol=0.05, rtol=0)
+    with pytest.raises(EnvError, match="unknown option.*valid options:.*ctrl_cost_weight.*num_threads"):
+        make("ant", 2, backend="mujoco", ctrl_cost_wieght=0.1)
+    with pytest.raises(EnvError, match="known envs: ant, halfcheetah, hopper, humanoid, walker2d"):
+        make("antt", 2, backend="mujoco")
+    with pytest.raises(EnvError, match="known tasks: ant, halfcheetah"):
+        MujocoEnv("antt", 2)
+    with pytest.raises(EnvError, match="num_threads must be a positive int"):
+        make("ant", 2, backend="mujoco", num_threads=0)
+    with make("ant", 2, backend="mujoco") as env, pytest.raises(EnvError, match="reset"):
+        env.step(torch.zeros(2, 8))
+
+
+@pytest.mark.timeout(60)
+def test_step_timeout_raises_and_env_still_closes():
+    before = len(_worker_threads())
+    env = make("humanoid", 8, backend="mujoco", num_threads=2, step_timeout_s=1e-9)
+    env.reset()
+    with pytest.raises(EnvError, match="step_timeout_s"):
+        env.step(torch.zeros(8, 17))
+    with pytest.raises(EnvError, match="step_timeout_s"):  # the env stays unusable, with the same explanation
+        env.step(torch.zeros(8, 17))
+    env.close()
+    assert len(_worker_threads()) == before
+
+
+@pytest.mark.timeout(60)
+def test_no_threads_left_after_close():
+    before = len(_worker_threads())
+    env = make("hopper", 4, backend="mujoco", num_threads=2)
+    assert len(_worker_threads()) == before + 2
+    env.reset()
+    env.step(torch.zeros(4, 3))
+    env.close()
+    assert len(_worker_threads()) == before
+    with make("hopper", 4, backend="mujoco", num_threads=3) as env:
+        assert len(_worker_threads()) == before + 3
+        env.reset()
+        env.send(torch.zeros(4, 3))  # closing with a step in flight
+    assert len(_worker_threads()) == before
+    with pytest.raises(EnvError, match="closed"):
+        env.reset()
+    env = make("hopper", 1, backend="mujoco", num_threads=4)  # never more threads than envs
+    assert len(_worker_threads()) == before + 1
+    del env  # dropped without close(): the workers hold no reference to it, so it is collected and stops them
+    gc.collect()
+    assert len(_worker_threads()) == before
+
+
+@pytest.mark.timeout(60)
+def test_send_returns_before_the_step_finishes():
+    with make("humanoid", 32, backend="mujoco", num_threads=2) as env:
+        env.reset()
+        env.send(torch.zeros(32, 17))
+        # 32 humanoid steps take milliseconds; at least one worker is still busy right after send().
+        still_running = any(not w.done.is_set() for w in env._workers)
+        r = env.recv()
+        assert still_running and r.obs.shape == (32, 348)
