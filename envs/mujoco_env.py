@@ -38,9 +38,6 @@ _BAD_WARNINGS = [
     int(mujoco.mjtWarning.mjWARN_BADQVEL),
     int(mujoco.mjtWarning.mjWARN_BADQACC),
 ]
-    int(w)
-    for w in (mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL, mujoco.mjtWarning.mjWARN_BADQACC)
-]
 
 #: MjData attribute name of each ``Physics`` field.
 _FIELDS = ("qpos", "qvel", "cfrc_ext", "cinert", "cvel", "qfrc_actuator", "xpos", "xipos")
