@@ -1,0 +1,455 @@
+"""Runner: builds and wires the sampler, the TrajectoryStore, the ParamStore and the learner, and owns their lifetime.
+
+``serial``: one process, one loop (sample until a slot is READY, train on it). ``async``: the sampler (its envs and a
+policy copy) runs in a child process started with ``spawn``; the learner, hooks, logging and checkpoints stay here.
+The runner owns the child process, heartbeats, stall detection (with stack dumps), error propagation and shutdown:
+every wait is bounded, and normal exit, an exception, Ctrl-C or SIGTERM leave no process and no shared memory.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from sample_fast.param_store import ParamStore
+from sample_fast.procs import (
+    CTRL_SAMPLER_HEARTBEAT,
+    CTRL_SAMPLER_READY,
+    CTRL_SAMPLER_STEPS,
+    CTRL_SAMPLER_WAIT_S,
+    CTRL_STOP,
+    new_control,
+    read_text,
+    register_stack_dump,
+    set_parent_death_signal,
+)
+from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, build_split_envs
+from sample_fast.trajectory_store import TrajectoryStore
+
+MODES = ("serial", "async")
+
+
+class SamplerError(RuntimeError):
+    """The sampler process failed, died or stalled. The message carries its traceback or stack dump."""
+
+
+class RunnerHooks:
+    """Callbacks from the runner's loop, all optional and all called in the main (learner) process."""
+
+    def on_train(self, env_steps: int, metrics: dict[str, float]) -> None:
+        """After each ``learner.train``; ``metrics`` adds policy_lag_min/mean/max, fps and wait times."""
+
+    def on_episodes(self, env_steps: int, returns: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Finished episodes since the last call: ``returns [n]`` float32, ``lengths [n]`` int64."""
+
+    def on_stop(self, env_steps: int, reason: str) -> None:
+        """Before shutdown (the sampler is still alive): save a final checkpoint here."""
+
+
+def _split_seeds(cfg: SamplerConfig) -> list[int]:
+    if cfg.seed is not None:
+        return [cfg.seed + i for i in range(cfg.num_splits)]
+    return [int(s) for s in torch.randint(0, 2**31 - 1, (cfg.num_splits,))]
+
+
+def _sampler_main(
+    env_fn: Callable,
+    policy_fn: Callable,
+    store: TrajectoryStore,
+    param_store: ParamStore,
+    episodes: EpisodeRing,
+    control: torch.Tensor,
+    cfg: SamplerConfig,
+    split_seeds: list[int],
+    torch_seed: int,
+    err_conn: Any,
+    dump_path: str,
+    parent_pid: int,
+) -> None:
+    """Entry point of the async sampler process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the runner, which stops us through ``control``
+    set_parent_death_signal(signal.SIGTERM)  # a kill -9 of the runner takes us down too
+    dump_handle = register_stack_dump(dump_path)  # the runner sends SIGUSR1 when our heartbeat stops
+    torch.set_num_threads(cfg.inference_threads)
+    torch.manual_seed(torch_seed)
+    envs, sampler = [], None
+    try:
+        if os.getppid() != parent_pid:
+            return  # the runner died before the death signal was armed
+        envs = build_split_envs(env_fn, cfg.num_splits)
+        policy = policy_fn()
+        sampler = Sampler(
+            envs,
+            policy,
+            store,
+            cfg,
+            param_store=param_store,
+            episodes=episodes,
+            control=control,
+            split_seeds=split_seeds,
+        )
+        control[CTRL_SAMPLER_READY] = 1.0
+        while control[CTRL_STOP] == 0 and os.getppid() == parent_pid:
+            sampler.advance(wait_s=cfg.poll_s)
+    except BaseException:
+        try:
+            err_conn.send(traceback.format_exc()[-30000:])
+        except Exception:
+            pass
+        raise
+    finally:
+        try:
+            if sampler is not None:
+                sampler.close()
+            else:
+                for env in envs:
+                    env.close()
+        finally:
+            err_conn.close()
+            if dump_handle is not None and dump_handle is not sys.stderr:
+                faulthandler.unregister(signal.SIGUSR1)
+                dump_handle.close()
+
+
+class Runner:
+    """Wires env, sampler, stores and learner; runs the training loop. See the module docstring.
+
+    Args:
+        env_fn: builds ONE split's env group: called ``sampler_cfg.num_splits`` times (so it returns
+            ``num_envs / num_splits`` envs); each split is then reset with its own seed. Picklable.
+        policy_fn: builds an ActorCritic (the learner's here; the sampler's acting copy in the child). Picklable.
+        learner_fn: ``learner_fn(policy) -> Learner``. Called here only.
+        sampler_cfg: SamplerConfig.
+        mode: ``"serial"`` or ``"async"``.
+        hooks: RunnerHooks (or any object with some of its methods).
+    """
+
+    def __init__(
+        self,
+        env_fn: Callable[[], Any],
+        policy_fn: Callable[[], torch.nn.Module],
+        learner_fn: Callable[[torch.nn.Module], Any],
+        sampler_cfg: SamplerConfig,
+        mode: str = "async",
+        hooks: RunnerHooks | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        sampler_cfg.validate()
+        self.env_fn, self.policy_fn, self.cfg, self.mode = env_fn, policy_fn, sampler_cfg, mode
+        self.hooks = hooks if hooks is not None else RunnerHooks()
+        if sampler_cfg.learner_threads:
+            torch.set_num_threads(sampler_cfg.learner_threads)
+        self.policy = policy_fn()
+        self.learner = learner_fn(self.policy)
+        self.env_steps = 0
+        self.store: TrajectoryStore | None = None
+        self.param_store: ParamStore | None = None
+        self.sampler: Sampler | None = None
+        self.process: Any = None
+        self._stop_requested = False
+        self._num_trains = 0
+        self._published_version = -1
+        self._err_conn: Any = None
+        self._dump_path: str | None = None
+        self._learner_wait_s = 0.0
+
+    # ----- public ---------------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Ask the loop to stop after the current step. Safe from a signal handler (it only sets a flag)."""
+        self._stop_requested = True
+
+    def run(self, total_env_steps: int, time_limit_s: float | None = None, start_env_steps: int = 0) -> dict:
+        """Train until ``total_env_steps`` (counted from 0, starting at ``start_env_steps``), ``time_limit_s`` or a
+        stop request. Returns ``{env_steps, wall_s, fps, reason, ...}``. Raises SamplerError if the sampler fails."""
+        if self.store is not None:
+            raise RuntimeError("Runner.run() can be called once; build a new Runner to train again")
+        self.env_steps = self._start_env_steps = int(start_env_steps)
+        self._t0 = time.monotonic()
+        old_handlers = self._install_signal_handlers()
+        reason = "error"
+        try:
+            self._start()
+            reason = self._loop(total_env_steps, time_limit_s)
+        except BaseException as e:
+            reason = f"error: {type(e).__name__}: {e}"[:500]
+            self._stop_hook(reason, raising=False)
+            raise
+        else:
+            self._stop_hook(reason, raising=True)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            self._shutdown()
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+        return self._summary(reason)
+
+    # ----- start ----------------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        cfg = self.cfg
+        first = self.env_fn()  # probe: specs and the per-split env count decide the slot shapes
+        if self.mode == "serial":
+            envs = build_split_envs(self.env_fn, cfg.num_splits, first=first)
+            self.store = TrajectoryStore(
+                first.observation_spec,
+                first.action_spec,
+                cfg.rollout_len,
+                first.num_envs,
+                cfg.num_slots,
+                device=first.device,
+            )
+            self.episodes = EpisodeRing(cfg.episode_capacity, shared=False)
+            try:
+                self.sampler = Sampler(
+                    envs,
+                    self.policy,
+                    self.store,
+                    cfg,
+                    version_fn=self._learner_version,
+                    episodes=self.episodes,
+                    split_seeds=_split_seeds(cfg),
+                )
+            except BaseException:
+                for env in envs:
+                    env.close()
+                raise
+            return
+        try:
+            obs_spec, act_spec, num_envs = first.observation_spec, first.action_spec, first.num_envs
+        finally:
+            first.close()
+        ctx = mp.get_context(cfg.mp_start_method)
+        self.store = TrajectoryStore(obs_spec, act_spec, cfg.rollout_len, num_envs, cfg.num_slots, shared=True, ctx=ctx)
+        self.param_store = ParamStore(self.policy)
+        self._publish()
+        self.episodes = EpisodeRing(cfg.episode_capacity, shared=True)
+        self.control = new_control(shared=True)
+        err_recv, err_send = ctx.Pipe(duplex=False)
+        fd, self._dump_path = tempfile.mkstemp(prefix="sample_fast_sampler_stacks_", suffix=".txt")
+        os.close(fd)
+        self._err_conn = err_recv
+        args = (
+            self.env_fn,
+            self.policy_fn,
+            self.store,
+            self.param_store,
+            self.episodes,
+            self.control,
+            cfg,
+            _split_seeds(cfg),
+            int(torch.randint(0, 2**31 - 1, ())),
+            err_send,
+            self._dump_path,
+            os.getpid(),
+        )
+        self.process = ctx.Process(target=_sampler_main, args=args, name="sample_fast-sampler", daemon=True)
+        self._sampler_started_s = time.monotonic()
+        self.process.start()
+        err_send.close()  # the child holds the only write end: EOF on our side means it is gone
+
+    # ----- loop -----------------------------------------------------------------------------------------------
+    def _loop(self, total_env_steps: int, time_limit_s: float | None) -> str:
+        while True:
+            if self._stop_requested:
+                return "stop_requested"
+            if self.env_steps >= total_env_steps:
+                return "total_env_steps"
+            if time_limit_s is not None and time.monotonic() - self._t0 >= time_limit_s:
+                return "time_limit"
+            slot_idx = self._next_ready_slot()
+            if slot_idx is not None:
+                self._train_on(slot_idx)
+
+    def _next_ready_slot(self) -> int | None:
+        store = self.store
+        if self.mode == "serial":
+            slot_idx = store.acquire_ready(timeout_s=0.0)
+            while slot_idx is None and not self._stop_requested:
+                self.sampler.advance(wait_s=0.0)
+                slot_idx = store.acquire_ready(timeout_s=0.0)
+            return slot_idx
+        t0 = time.monotonic()
+        slot_idx = store.acquire_ready(timeout_s=self.cfg.poll_s)  # SYNC: bounded wait for the sampler
+        self._learner_wait_s += time.monotonic() - t0
+        if slot_idx is None:
+            self._check_sampler()
+        return slot_idx
+
+    def _train_on(self, slot_idx: int) -> None:
+        store, cfg = self.store, self.cfg
+        batch = store.slot(slot_idx)
+        try:
+            if cfg.check_slots:
+                store.check_written(slot_idx)
+            lag = (self._learner_version() - batch["policy_version"]).to(torch.float64)
+            faulthandler.dump_traceback_later(cfg.learner_stall_dump_s, exit=False)  # a hung train() dumps stacks
+            metrics = dict(self.learner.train(batch))
+            faulthandler.cancel_dump_traceback_later()
+        finally:
+            store.release(slot_idx)  # INVARIANT: the learner keeps no reference into the slot after train()
+        self._num_trains += 1
+        self.env_steps += store.rollout_len * store.num_envs
+        if self.param_store is not None:
+            self._publish()
+        wall_s = time.monotonic() - self._t0
+        metrics.update(
+            policy_lag_min=float(lag.min()),
+            policy_lag_mean=float(lag.mean()),
+            policy_lag_max=float(lag.max()),
+            fps=(self.env_steps - self._start_env_steps) / max(wall_s, 1e-9),
+            learner_wait_s=self._learner_wait_s,
+            sampler_wait_s=self._sampler_stat(CTRL_SAMPLER_WAIT_S),
+        )
+        self.hooks.on_train(self.env_steps, metrics)
+        returns, lengths = self.episodes.drain()
+        if returns.numel():
+            self.hooks.on_episodes(self.env_steps, returns, lengths)
+        if self.mode == "async":
+            self._check_sampler()
+
+    # ----- versions -------------------------------------------------------------------------------------------
+    def _learner_version(self) -> int:
+        version = getattr(self.learner, "policy_version", None)
+        return int(version) if version is not None else self._num_trains
+
+    def _publish(self) -> None:
+        version = self._learner_version()
+        if version != self._published_version:
+            self._published_version = self.param_store.publish(self.policy, version=version)
+
+    def _sampler_stat(self, idx: int) -> float:
+        if self.mode == "serial":
+            return self.sampler.wait_s if idx == CTRL_SAMPLER_WAIT_S else float(self.sampler.env_steps)
+        return float(self.control[idx])
+
+    # ----- liveness -------------------------------------------------------------------------------------------
+    def _check_sampler(self) -> None:
+        """Raise SamplerError if the sampler process reported an error, died, or stopped sending heartbeats."""
+        proc = self.process
+        if self._err_conn.poll():
+            raise SamplerError(f"the sampler process raised an exception; its traceback:\n{self._recv_error()}")
+        if not proc.is_alive():
+            code = proc.exitcode
+            how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+            tb = self._recv_error() if self._err_conn.poll(0.5) else ""
+            detail = f"; its traceback:\n{tb}" if tb else " (no traceback: killed, or crashed in native code)"
+            raise SamplerError(f"the sampler process (pid {proc.pid}) died with {how}{detail}")
+        if self.control[CTRL_SAMPLER_READY] == 0:
+            waited = time.monotonic() - self._sampler_started_s
+            if waited > self.cfg.startup_timeout_s:
+                self._raise_stalled(
+                    f"did not build its envs and policy within sampler.startup_timeout_s={self.cfg.startup_timeout_s:g}"
+                )
+            return
+        age = time.time() - float(self.control[CTRL_SAMPLER_HEARTBEAT])
+        if age > self.cfg.heartbeat_timeout_s:
+            self._raise_stalled(
+                f"sent no heartbeat for {age:.1f} s (sampler.heartbeat_timeout_s={self.cfg.heartbeat_timeout_s:g})"
+            )
+
+    def _recv_error(self) -> str:
+        try:
+            return str(self._err_conn.recv())
+        except (EOFError, OSError):
+            return ""
+
+    def _raise_stalled(self, what: str) -> None:
+        pid = self.process.pid
+        try:
+            os.kill(pid, signal.SIGUSR1)  # faulthandler in the child writes every thread's stack to the dump file
+        except OSError:
+            pass
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not read_text(self._dump_path):
+            time.sleep(0.05)
+        time.sleep(0.1)
+        dump = read_text(self._dump_path) or "(no stack dump was written)"
+        raise SamplerError(f"the sampler process (pid {pid}) {what}; its stacks:\n{dump}")
+
+    # ----- stop -----------------------------------------------------------------------------------------------
+    def _stop_hook(self, reason: str, raising: bool) -> None:
+        try:
+            self.hooks.on_stop(self.env_steps, reason)
+        except Exception:
+            if raising:
+                raise
+            print(f"hooks.on_stop failed while stopping after an error:\n{traceback.format_exc()}", file=sys.stderr)
+
+    def _shutdown(self) -> None:
+        """Stop and join the sampler (graceful, then terminate, then kill) and release every resource."""
+        if self.sampler is not None:
+            self.sampler.close()
+            self.sampler = None
+        proc = self.process
+        if proc is not None:
+            self.control[CTRL_STOP] = 1.0
+            try:
+                self.store.wake_all()
+            except Exception:
+                pass
+            proc.join(timeout=self.cfg.shutdown_timeout_s)  # SYNC: bounded
+            if proc.is_alive():
+                print(
+                    f"sampler process {proc.pid} did not stop within {self.cfg.shutdown_timeout_s:g} s; terminating it",
+                    file=sys.stderr,
+                )
+                proc.terminate()
+                proc.join(timeout=3.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=3.0)
+            proc.close()
+            self.process = None
+        if self._err_conn is not None:
+            self._err_conn.close()
+            self._err_conn = None
+        if self._dump_path is not None:
+            try:
+                os.unlink(self._dump_path)
+            except OSError:
+                pass
+            self._dump_path = None
+
+    def _summary(self, reason: str) -> dict:
+        wall_s = time.monotonic() - self._t0
+        steps = self.env_steps - self._start_env_steps
+        return {
+            "env_steps": self.env_steps,
+            "wall_s": wall_s,
+            "fps": steps / max(wall_s, 1e-9),
+            "reason": reason,
+            "policy_version": self._learner_version(),
+            "episodes_dropped": self.episodes.dropped if hasattr(self, "episodes") else 0,
+        }
+
+    # ----- signals --------------------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """SIGTERM/SIGINT -> request_stop (a second SIGINT raises KeyboardInterrupt), unless the caller already
+        installed its own handlers (e.g. the trainer's StopOnSignals), which are left alone."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        old = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            current = signal.getsignal(sig)
+            if current in (signal.SIG_DFL, signal.default_int_handler):
+                old[sig] = signal.signal(sig, self._on_signal)
+        return old
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self._stop_requested:
+            raise KeyboardInterrupt
+        self.request_stop()
+
+
+__all__ = ["Runner", "RunnerHooks", "SamplerConfig", "SamplerError", "CTRL_SAMPLER_STEPS"]

@@ -1,0 +1,309 @@
+"""Sampler: acts in the envs with a policy copy and writes ``[T, B]`` rollouts into TrajectoryStore slots.
+
+Double buffering: the envs are ``num_splits`` groups, each its own ``BatchedEnv`` built by one ``env_fn()`` call.
+The loop visits the groups round-robin: ``recv`` group i's step, write it, compute group i's next actions, ``send``
+them; while group i's policy forward runs, the other groups' physics runs on the env's worker threads (mujoco
+backend; for backends whose ``send`` is a no-op the order is the same and only the overlap is lost). Each group
+fills its own slot ``[T, num_envs_per_split]``, so a slot becomes READY every T steps of one group.
+
+It owns the envs, the acting policy copy and the per-split rollout state. It never computes losses and never
+touches the learner; weights arrive through the ParamStore (async) or a version callback (serial).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sample_fast.envs import BatchedEnv
+from sample_fast.param_store import ParamStore
+from sample_fast.procs import CTRL_SAMPLER_HEARTBEAT, CTRL_SAMPLER_STEPS, CTRL_SAMPLER_WAIT_S
+from sample_fast.trajectory_store import TrajectoryStore
+
+
+@dataclass
+class SamplerConfig:
+    """Sampler and runner settings (the runner owns processes, so its knobs live here too)."""
+
+    rollout_len: int = 64  #: T: steps per slot
+    num_splits: int = 2  #: envs in k groups (double buffering); env_fn() is called once per group
+    num_slots: int = 4  #: slots in the TrajectoryStore; must be >= num_splits + 1 (2 * num_splits recommended)
+    seed: int | None = None  #: split i is reset with seed + i; None: split seeds drawn from the main torch RNG
+    inference_threads: int = 1  #: torch intra-op threads of the sampler process (policy forward)
+    learner_threads: int = 0  #: torch intra-op threads of the learner process; 0 = leave as the caller set it
+    check_slots: bool = True  #: re-poison a slot when it starts FILLING and verify it before training (~1 ms)
+    poll_s: float = 0.2  #: granularity of every wait: stop requests and liveness are checked this often
+    heartbeat_timeout_s: float = 60.0  #: no sampler heartbeat for this long -> stack dump + error
+    startup_timeout_s: float = 300.0  #: the sampler process must build its envs and policy within this
+    shutdown_timeout_s: float = 10.0  #: graceful join before terminate/kill
+    learner_stall_dump_s: float = 600.0  #: dump the main process's stacks if one train() step takes longer
+    episode_capacity: int = 65536  #: finished-episode ring size (sampler -> main); overflow is counted, not fatal
+    mp_start_method: str = "spawn"  #: spawn or forkserver (never fork: torch/JAX threads exist before it)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("rollout_len", "num_splits", "num_slots", "inference_threads", "episode_capacity"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"sampler.{name} must be a positive int, got {value!r}")
+        if self.num_slots < self.num_splits + 1:
+            raise ValueError(
+                f"sampler.num_slots={self.num_slots} must be >= num_splits + 1 = {self.num_splits + 1} (each split "
+                f"fills its own slot and the learner needs one); try num_slots={2 * self.num_splits}"
+            )
+        if self.learner_threads < 0:
+            raise ValueError(f"sampler.learner_threads must be >= 0, got {self.learner_threads}")
+        if self.mp_start_method not in ("spawn", "forkserver"):
+            raise ValueError(f"sampler.mp_start_method must be spawn or forkserver, got {self.mp_start_method!r}")
+        for name in ("poll_s", "heartbeat_timeout_s", "startup_timeout_s", "shutdown_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"sampler.{name} must be > 0, got {getattr(self, name)!r}")
+
+
+class EpisodeRing:
+    """Finished-episode (return, length) pairs from the sampler to the main process: a shared ring buffer.
+
+    One writer (``push``), one reader (``drain``). A reader that falls more than ``capacity`` episodes behind loses
+    the oldest ones and counts them in ``dropped``; nothing ever blocks.
+    """
+
+    def __init__(self, capacity: int, shared: bool) -> None:
+        self.capacity = capacity
+        self.buf = torch.zeros(capacity, 2, dtype=torch.float64)
+        self.count = torch.zeros(1, dtype=torch.int64)  # episodes ever written
+        if shared:
+            self.buf.share_memory_()
+            self.count.share_memory_()
+        self.read_idx = 0
+        self.dropped = 0
+
+    def push(self, returns: torch.Tensor, lengths: torch.Tensor) -> None:
+        n = returns.numel()
+        if n == 0:
+            return
+        start = int(self.count[0])
+        if n > self.capacity:
+            returns, lengths, start, n = (
+                returns[-self.capacity :],
+                lengths[-self.capacity :],
+                start + n - self.capacity,
+                self.capacity,
+            )
+        idx = torch.arange(start, start + n) % self.capacity
+        self.buf[idx, 0] = returns.detach().to("cpu", torch.float64)
+        self.buf[idx, 1] = lengths.detach().to("cpu", torch.float64)
+        self.count[0] = start + n  # INVARIANT: entries are written before the count that publishes them
+
+    def drain(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All episodes written since the last drain: ``(returns [n] float32, lengths [n] int64)``."""
+        end = int(self.count[0])
+        start = max(self.read_idx, end - self.capacity)
+        self.dropped += start - self.read_idx
+        idx = torch.arange(start, end) % self.capacity
+        rows = self.buf[idx].clone()
+        # Entries the writer overwrote while we copied are stale: drop them from the front.
+        overwritten = max(0, int(self.count[0]) - self.capacity - start)
+        if overwritten:
+            rows = rows[overwritten:]
+            self.dropped += min(overwritten, end - start)
+        self.read_idx = end
+        return rows[:, 0].to(torch.float32), rows[:, 1].to(torch.int64)
+
+
+@dataclass
+class _Split:
+    env: BatchedEnv
+    obs: torch.Tensor | None = None
+    slot_idx: int | None = None
+    t: int = 0
+    pending: bool = False
+    views: dict[str, torch.Tensor] | None = None
+
+
+def build_split_envs(
+    env_fn: Callable[[], BatchedEnv], num_splits: int, first: BatchedEnv | None = None
+) -> list[BatchedEnv]:
+    """Call ``env_fn()`` once per split (reusing ``first`` as split 0 if given) and check the groups agree."""
+    envs = [first] if first is not None else []
+    try:
+        while len(envs) < num_splits:
+            envs.append(env_fn())
+        ref = envs[0]
+        for i, env in enumerate(envs):
+            if not isinstance(env, BatchedEnv):
+                raise TypeError(f"env_fn() must return a BatchedEnv (sample_fast.envs.make), got {type(env).__name__}")
+            same = (env.num_envs, env.observation_spec.shape, env.action_spec.shape, env.action_spec.dtype) == (
+                ref.num_envs,
+                ref.observation_spec.shape,
+                ref.action_spec.shape,
+                ref.action_spec.dtype,
+            )
+            if not same:
+                raise ValueError(f"env_fn() built different env groups: split 0 is {ref!r}, split {i} is {env!r}")
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    return envs
+
+
+class Sampler:
+    """Double-buffered rollout collection into a TrajectoryStore (see the module docstring).
+
+    Args:
+        envs: one BatchedEnv per split, all with ``num_envs == store.num_envs``.
+        policy: acting policy with ``act(obs) -> (actions, behavior_logp, values)`` (ActorCritic contract).
+        store: the TrajectoryStore; slots are ``[T, num_envs_per_split]``.
+        cfg: SamplerConfig.
+        param_store: async mode: newest weights are loaded from here whenever a split starts a slot.
+        version_fn: serial mode: returns the version of ``policy``'s current weights (the policy is the learner's).
+        episodes: where finished episodes go.
+        control: the shared control tensor (heartbeat, counters), or None.
+        split_seeds: reset seed of each split.
+    """
+
+    def __init__(
+        self,
+        envs: list[BatchedEnv],
+        policy: Any,
+        store: TrajectoryStore,
+        cfg: SamplerConfig,
+        *,
+        param_store: ParamStore | None = None,
+        version_fn: Callable[[], int] | None = None,
+        episodes: EpisodeRing | None = None,
+        control: torch.Tensor | None = None,
+        split_seeds: list[int] | None = None,
+    ) -> None:
+        if (param_store is None) == (version_fn is None):
+            raise ValueError("pass exactly one of param_store (async) or version_fn (serial)")
+        if len(envs) != cfg.num_splits:
+            raise ValueError(f"got {len(envs)} envs for num_splits={cfg.num_splits}")
+        for env in envs:
+            if env.num_envs != store.num_envs:
+                raise ValueError(f"env has {env.num_envs} envs but store slots hold {store.num_envs}")
+        if store.rollout_len != cfg.rollout_len:
+            raise ValueError(f"store rollout_len {store.rollout_len} != sampler.rollout_len {cfg.rollout_len}")
+        self.cfg, self.store, self.policy = cfg, store, policy
+        self.param_store, self.version_fn = param_store, version_fn
+        self.episodes, self.control = episodes, control
+        self.splits = [_Split(env) for env in envs]
+        first_param = next(iter(policy.parameters()), None) if hasattr(policy, "parameters") else None
+        self._policy_device = first_param.device if first_param is not None else envs[0].device
+        self.version = -1
+        self.env_steps = 0  # steps written into READY slots
+        self.wait_s = 0.0  # time spent waiting for a FREE slot (backpressure)
+        seeds = split_seeds if split_seeds is not None else [None] * len(envs)
+        for split, seed in zip(self.splits, seeds, strict=True):
+            split.obs, _ = split.env.reset(seed=seed)
+        self._refresh_weights()
+        if self.version < 0:
+            raise RuntimeError("the sampler has no weights: publish to the ParamStore before starting the sampler")
+
+    # ----- weights --------------------------------------------------------------------------------------------
+    def _refresh_weights(self) -> None:
+        if self.param_store is not None:
+            self.version = self.param_store.load_if_newer(self.policy, self.version)  # never blocks
+        else:
+            self.version = int(self.version_fn())
+
+    # ----- main loop ------------------------------------------------------------------------------------------
+    def advance(self, wait_s: float) -> int:
+        """One round-robin pass: each split receives its pending step, writes it, and sends its next actions.
+
+        A split without a slot waits up to ``wait_s`` for a FREE one (backpressure) and is skipped if none frees.
+        Returns the number of slots this pass marked READY.
+        """
+        num_ready = 0
+        for split in self.splits:
+            if split.pending:
+                num_ready += self._receive(split)
+            if split.slot_idx is None and not self._start_slot(split, wait_s):
+                continue
+            self._act_and_send(split)
+        if self.control is not None:
+            self.control[CTRL_SAMPLER_HEARTBEAT] = time.time()
+        return num_ready
+
+    def _start_slot(self, split: _Split, wait_s: float) -> bool:
+        t0 = time.monotonic()
+        slot_idx = self.store.acquire_free(timeout_s=wait_s)  # SYNC: backpressure wait, bounded by wait_s
+        self.wait_s += time.monotonic() - t0
+        if self.control is not None:
+            self.control[CTRL_SAMPLER_WAIT_S] = self.wait_s
+        if slot_idx is None:
+            return False
+        if self.cfg.check_slots:
+            self.store.poison(slot_idx)
+        split.slot_idx, split.t = slot_idx, 0
+        slot = self.store.slot(slot_idx)
+        split.views = {key: slot[key] for key in slot.keys()}
+        self._refresh_weights()  # newest weights at every slot start; each step records its version
+        return True
+
+    def _act_and_send(self, split: _Split) -> None:
+        # PERF: one policy forward for this split; the other splits' physics runs meanwhile on the env threads.
+        obs = split.obs
+        if self.version_fn is not None:  # serial: the policy IS the learner's, so its version can change any step
+            self.version = int(self.version_fn())
+        actions, logp, values = self.policy.act(obs.to(self._policy_device))
+        actions = actions.to(split.env.device)
+        v, t = split.views, split.t
+        v["obs"][t].copy_(obs)
+        v["actions"][t].copy_(actions)
+        v["behavior_logp"][t].copy_(logp)
+        v["values"][t].copy_(values)
+        v["policy_version"][t].fill_(self.version)
+        split.env.send(actions)
+        split.pending = True
+
+    def _receive(self, split: _Split) -> int:
+        res = split.env.recv()  # SYNC: waits for this split's physics
+        split.pending = False
+        v, t = split.views, split.t
+        v["rewards"][t].copy_(res.reward)
+        v["terminated"][t].copy_(res.terminated)
+        v["truncated"][t].copy_(res.truncated)
+        v["next_obs"][t].copy_(res.info["final_obs"])
+        split.obs = res.obs
+        if self.episodes is not None:
+            done = res.terminated | res.truncated
+            if bool(done.any()):  # SYNC: one host read per split-step (CPU: ~1 us)
+                self.episodes.push(res.info["episode_return"][done], res.info["episode_length"][done])
+        split.t += 1
+        if split.t < self.cfg.rollout_len:
+            return 0
+        self.store.mark_ready(split.slot_idx)
+        split.slot_idx, split.views = None, None
+        self.env_steps += self.cfg.rollout_len * self.store.num_envs
+        if self.control is not None:
+            self.control[CTRL_SAMPLER_STEPS] = self.env_steps
+        return 1
+
+    # ----- shutdown -------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Collect pending steps and discard partially written slots (FILLING -> FREE). Idempotent."""
+        for split in self.splits:
+            if split.pending:
+                try:
+                    split.env.recv()
+                except Exception:
+                    pass
+                split.pending = False
+            if split.slot_idx is not None:
+                self.store.discard(split.slot_idx)
+                split.slot_idx, split.views = None, None
+
+    def close(self) -> None:
+        """``stop()`` and close every env."""
+        try:
+            self.stop()
+        finally:
+            for split in self.splits:
+                split.env.close()
