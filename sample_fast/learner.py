@@ -1,0 +1,523 @@
+"""The APPO learner: V-trace targets + PPO clipped surrogate on ``[T, B]`` trajectory batches.
+
+Owns the optimizer, the learning-rate schedule, the return-based reward scaler, the minibatch RNG, the policy-lag
+mask and non-finite recovery (skip, then roll back to the last good state with a lower learning rate). It updates
+the policy's observation statistics but never touches an env, a process or the ParamStore: the runner publishes
+weights after ``train``. The math lives in ``sample_fast.losses`` and ``sample_fast.extensions`` (V-trace).
+See docs/learner.md for the objective and every config field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from sample_fast.losses import approx_kl, explained_variance, masked_mean, normalize_advantages, ppo_clip_loss
+from sample_fast.losses import value_loss as value_loss_fn
+from sample_fast.policy import ActorCritic
+
+log = logging.getLogger(__name__)
+
+VTraceFn = Callable[..., tuple[Tensor, Tensor]]
+_REQUIRED_KEYS = ("obs", "actions", "behavior_logp", "rewards", "terminated", "truncated", "next_obs")
+
+
+class LearnerConfigError(ValueError):
+    """A bad ``LearnerConfig`` value; the message says what to change."""
+
+
+@dataclass
+class LearnerConfig:
+    """APPO hyper-parameters. Defaults are tuned for continuous control (MuJoCo) with batches of a few thousand."""
+
+    #: Adam learning rate (before schedule and non-finite back-off).
+    lr: float = 3e-4
+    #: "constant", "linear" (to 0 at total_env_steps) or "kl_adaptive" (Sample Factory style, see kl_target).
+    lr_schedule: str = "constant"
+    #: kl_adaptive: lr /= 1.5 when the batch's mean KL > 2 * kl_target, lr *= 1.5 when < kl_target / 2.
+    kl_target: float = 0.008
+    #: kl_adaptive: the learning rate stays within [lr_min, lr_max].
+    lr_min: float = 1e-6
+    lr_max: float = 1e-2
+    #: Adam epsilon (CleanRL's 1e-5 is steadier than torch's 1e-8 for RL).
+    adam_eps: float = 1e-5
+    #: Discount factor.
+    gamma: float = 0.99
+    #: V-trace lambda (Espeholt et al. remark 1; 1.0 = plain V-trace).
+    lam: float = 0.95
+    #: V-trace truncation of the importance weights: rho (policy-gradient / value fixed point) and c (trace).
+    rho_clip: float = 1.0
+    c_clip: float = 1.0
+    #: When to recompute V-trace targets with the current weights: "batch" (once per train call) or "epoch".
+    recompute_targets: str = "epoch"
+    #: PPO ratio clip: ratio in [1 - clip_eps, 1 + clip_eps].
+    clip_eps: float = 0.2
+    #: PPO2-style value clipping around the values the targets were computed with; None disables it.
+    value_clip: float | None = None
+    #: Loss = policy + value_coef * value - entropy_coef * entropy + kl_coef * KL(behaviour || current).
+    value_coef: float = 0.5
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    #: Gradient clipping by global norm; None disables it (the norm is still reported).
+    max_grad_norm: float | None = 1.0
+    #: Passes over each batch, and minibatches per pass (over the T*B flattened samples).
+    num_epochs: int = 2
+    num_minibatches: int = 4
+    #: Normalise the V-trace policy-gradient advantages to zero mean, unit std over the batch.
+    normalize_advantages: bool = True
+    #: Divide rewards by the running std of the per-env discounted return (reset at episode ends).
+    scale_rewards: bool = True
+    #: After scaling, rewards are clipped to [-reward_clip, reward_clip]; None disables it.
+    reward_clip: float | None = 10.0
+    #: Samples whose policy_version lags the learner by more than this are masked out of the loss; None = never.
+    max_policy_lag: int | None = 100
+    #: Consecutive non-finite updates (skipped) before rolling back to the last good state.
+    nonfinite_patience: int = 3
+    #: The learning rate is multiplied by this at each rollback.
+    nonfinite_lr_backoff: float = 0.5
+    #: The in-memory last-good copy (weights, optimizer, reward scaler) is refreshed every this many good updates.
+    good_state_interval: int = 10
+    #: V-trace kernel: "auto", "torch", "numba", "cuda" (see sample_fast.extensions.compute_vtrace).
+    advantage_backend: str = "auto"
+    #: bf16 autocast for the network forward/backward on CUDA (ignored on the CPU).
+    bf16: bool = True
+    #: Seed of the learner's minibatch-shuffling generator.
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raise ``LearnerConfigError`` naming the fix for any inconsistent setting."""
+        if self.lr_schedule not in ("constant", "linear", "kl_adaptive"):
+            raise LearnerConfigError(f"lr_schedule {self.lr_schedule!r} unknown; use constant, linear or kl_adaptive")
+        if self.recompute_targets not in ("batch", "epoch"):
+            raise LearnerConfigError(f"recompute_targets {self.recompute_targets!r} unknown; use batch or epoch")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise LearnerConfigError(f"lr must be a positive number, got {self.lr}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
+            raise LearnerConfigError(f"gamma ({self.gamma}) and lam ({self.lam}) must be in [0, 1]")
+        for name in ("rho_clip", "c_clip", "clip_eps", "kl_target"):
+            if not getattr(self, name) > 0:
+                raise LearnerConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("num_epochs", "num_minibatches", "nonfinite_patience", "good_state_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise LearnerConfigError(f"{name} must be a positive int, got {value!r}")
+        if not 0.0 < self.nonfinite_lr_backoff <= 1.0:
+            raise LearnerConfigError(f"nonfinite_lr_backoff must be in (0, 1], got {self.nonfinite_lr_backoff}")
+        if not 0 < self.lr_min <= self.lr_max:
+            raise LearnerConfigError(f"need 0 < lr_min <= lr_max, got lr_min={self.lr_min}, lr_max={self.lr_max}")
+        if self.max_policy_lag is not None and self.max_policy_lag < 0:
+            raise LearnerConfigError(f"max_policy_lag must be >= 0 or None, got {self.max_policy_lag}")
+
+
+class Targets(NamedTuple):
+    """Output of ``compute_targets``; every field is ``[T, B]`` float32."""
+
+    pg_advantages: Tensor  # V-trace policy-gradient advantages rho_t (r_t + gamma vs_{t+1} - V(x_t))
+    value_targets: Tensor  # V-trace targets vs_t
+    values: Tensor  # V(obs_t) under the current critic (the baseline; "old values" for value clipping)
+    target_logp: Tensor  # log pi(a_t | obs_t) under the current policy
+
+
+def _torch_vtrace(
+    behavior_logp, target_logp, rewards, values, bootstrap_value, terminated, truncated, *, gamma, lam=1.0,
+    rho_clip=1.0, c_clip=1.0, truncation_values=None, backend="auto",
+):  # fmt: skip
+    from sample_fast.extensions._reference import vtrace_reference
+
+    return vtrace_reference(
+        behavior_logp, target_logp, rewards, values, bootstrap_value, terminated, truncated, truncation_values,
+        gamma, lam, rho_clip, c_clip,
+    )  # fmt: skip
+
+
+def default_vtrace_fn() -> VTraceFn:
+    """``sample_fast.extensions.compute_vtrace`` (fast kernels); the torch reference loop if it does not import."""
+    try:
+        from sample_fast.extensions import compute_vtrace
+    except ImportError as e:
+        log.warning("sample_fast.extensions.compute_vtrace unavailable (%s); using the torch reference loop", e)
+        return _torch_vtrace
+    return compute_vtrace
+
+
+@torch.no_grad()
+def compute_targets(
+    policy: ActorCritic,
+    obs: Tensor,
+    actions: Tensor,
+    behavior_logp: Tensor,
+    rewards: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    next_obs: Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    rho_clip: float,
+    c_clip: float,
+    vtrace_fn: VTraceFn | None = None,
+    backend: str = "auto",
+) -> Targets:
+    """V-trace targets for a time-major batch with the policy's CURRENT weights and observation statistics.
+
+    Args: obs/next_obs ``[T, B, *obs_shape]`` float32 (raw), actions ``[T, B, *act_shape]``, behavior_logp and
+    rewards ``[T, B]`` float32 (rewards already scaled), terminated/truncated ``[T, B]`` bool.
+
+    V(next_obs) is needed only at ``t = T-1`` (the bootstrap) and where a live episode was truncated; only those
+    rows go through the critic (at most ``B + num_truncated`` rows instead of ``T * B``).
+    """
+    num_steps, num_envs = rewards.shape
+    flat = num_steps * num_envs
+    target_logp, _, values = policy.evaluate(
+        obs.reshape(flat, *obs.shape[2:]), actions.reshape(flat, *actions.shape[2:])
+    )
+    target_logp = target_logp.float().reshape(num_steps, num_envs)
+    values = values.float().reshape(num_steps, num_envs)
+
+    trunc_mask = truncated & ~terminated
+    trunc_mask[-1] = False  # row T-1 comes from the bootstrap below
+    # SYNC: boolean indexing sizes its output on the host (free on the CPU; one sync on CUDA).
+    rows = torch.cat([next_obs[-1], next_obs[trunc_mask]], dim=0)
+    next_values = policy.value(rows).float()
+    bootstrap_value = next_values[:num_envs]
+    truncation_values = torch.zeros_like(values)
+    truncation_values[trunc_mask] = next_values[num_envs:]
+    truncation_values[-1] = bootstrap_value
+
+    fn = vtrace_fn if vtrace_fn is not None else default_vtrace_fn()
+    pg_advantages, value_targets = fn(
+        behavior_logp.float(), target_logp, rewards.float(), values, bootstrap_value, terminated, truncated,
+        gamma=gamma, lam=lam, rho_clip=rho_clip, c_clip=c_clip, truncation_values=truncation_values, backend=backend,
+    )  # fmt: skip
+    return Targets(pg_advantages.float(), value_targets.float(), values, target_logp)
+
+
+class ReturnScaler:
+    """Scales rewards by the running std of each env's discounted return (as gymnasium's NormalizeReward).
+
+    Per env column b: ``R_b <- gamma * R_b + r_t`` (reset to 0 after a terminated or truncated step); the running
+    variance of all R values seen so far (float64, parallel update) gives ``r_scaled = r / sqrt(var + eps)``.
+    The statistics are updated with the batch before it is scaled.
+    """
+
+    def __init__(self, gamma: float, eps: float = 1e-8):
+        self.gamma = gamma
+        self.eps = eps
+        self.returns: Tensor | None = None  # [B] float32
+        self.count = 0.0
+        self.mean = 0.0
+        self.var = 1.0
+
+    def scale(self, rewards: Tensor, done: Tensor) -> Tensor:
+        """``rewards``/``done`` ``[T, B]`` -> scaled rewards ``[T, B]``."""
+        num_steps, num_envs = rewards.shape
+        if self.returns is None or self.returns.shape[0] != num_envs or self.returns.device != rewards.device:
+            self.returns = torch.zeros(num_envs, dtype=torch.float32, device=rewards.device)
+        discounted = torch.empty_like(rewards, dtype=torch.float32)
+        ret = self.returns
+        for t in range(num_steps):  # PERF: T small [B] ops (~1 ms for T=64), far below one training epoch
+            ret = ret * self.gamma + rewards[t]
+            discounted[t] = ret
+            ret = torch.where(done[t], torch.zeros_like(ret), ret)
+        self.returns = ret
+        x = discounted.double().flatten()
+        n = float(x.numel())
+        # SYNC: two scalars read back per batch.
+        batch_mean, batch_var = float(x.mean()), float(x.var(unbiased=False))
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.var = m2 / total
+        self.count = total
+        return rewards / math.sqrt(self.var + self.eps)
+
+    def state_dict(self) -> dict[str, Any]:
+        returns = None if self.returns is None else self.returns.detach().cpu().clone()
+        return {"returns": returns, "count": self.count, "mean": self.mean, "var": self.var}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.returns = None if state["returns"] is None else state["returns"].clone()
+        self.count, self.mean, self.var = float(state["count"]), float(state["mean"]), float(state["var"])
+
+
+class Learner:
+    """APPO: per ``train(batch)`` call, ``num_epochs`` passes of ``num_minibatches`` Adam steps on a ``[T, B]`` batch.
+
+    Attributes:
+        policy_version: incremented by 1 per ``train`` call that changed the weights (an update or a rollback).
+        env_steps: env steps trained on so far (sum of T * B); drives the linear schedule.
+        nonfinite_skips / rollbacks: cumulative counters, also reported in the metrics.
+    """
+
+    def __init__(
+        self,
+        policy: ActorCritic,
+        cfg: LearnerConfig | None = None,
+        device: torch.device | str = "cpu",
+        total_env_steps: int | None = None,
+        *,
+        vtrace_fn: VTraceFn | None = None,
+    ):
+        cfg = cfg if cfg is not None else LearnerConfig()
+        cfg.validate()
+        if cfg.lr_schedule == "linear" and not total_env_steps:
+            raise LearnerConfigError("lr_schedule='linear' needs total_env_steps (the step at which lr reaches 0)")
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.policy = policy.to(self.device)
+        self.total_env_steps = total_env_steps
+        self.vtrace_fn = vtrace_fn
+        self.params = [p for p in policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps)
+        self.reward_scaler = ReturnScaler(cfg.gamma)
+        self.generator = torch.Generator()  # CPU: permutations are drawn on the host and moved once per epoch
+        self.generator.manual_seed(cfg.seed)
+        self.policy_version = 0
+        self.env_steps = 0
+        self.num_updates = 0
+        self.lr_scale = 1.0  # product of non-finite back-offs
+        self.adaptive_lr = cfg.lr  # kl_adaptive schedule state
+        self.nonfinite_skips = 0
+        self.rollbacks = 0
+        self.consecutive_skips = 0
+        self._good_updates = 0
+        self._good_state: dict[str, Any] = {}
+        self._snapshot_good_state()
+
+    def _vtrace_fn(self) -> VTraceFn:
+        if self.vtrace_fn is None:
+            self.vtrace_fn = default_vtrace_fn()  # resolved once, lazily: extensions may import numba/CUDA
+        return self.vtrace_fn
+
+    # ----- learning rate ------------------------------------------------------------------------------------------
+    def current_lr(self) -> float:
+        """The learning rate of the next update: schedule value times the non-finite back-off."""
+        cfg = self.cfg
+        if cfg.lr_schedule == "linear":
+            base = cfg.lr * max(0.0, 1.0 - self.env_steps / float(self.total_env_steps))
+        elif cfg.lr_schedule == "kl_adaptive":
+            base = self.adaptive_lr
+        else:
+            base = cfg.lr
+        return base * self.lr_scale
+
+    def _adapt_lr(self, kl: float) -> None:
+        # Sample Factory's kl_adaptive rule, applied once per train call on the call's mean KL.
+        if not math.isfinite(kl):
+            return
+        if kl > 2.0 * self.cfg.kl_target:
+            self.adaptive_lr = max(self.adaptive_lr / 1.5, self.cfg.lr_min)
+        elif kl < 0.5 * self.cfg.kl_target:
+            self.adaptive_lr = min(self.adaptive_lr * 1.5, self.cfg.lr_max)
+
+    # ----- non-finite recovery ------------------------------------------------------------------------------------
+    def _snapshot_good_state(self) -> None:
+        self._good_state = {
+            "policy": {k: v.detach().clone() for k, v in self.policy.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "reward_scaler": self.reward_scaler.state_dict(),
+        }
+
+    def _rollback(self) -> None:
+        good = self._good_state
+        self.policy.load_state_dict(good["policy"])
+        self.optimizer.load_state_dict(copy.deepcopy(good["optimizer"]))
+        self.reward_scaler.load_state_dict(good["reward_scaler"])
+        self.reward_scaler.returns = None  # the per-env accumulators may hold the bad values: restart them
+        self.optimizer.zero_grad(set_to_none=True)
+        self.lr_scale *= self.cfg.nonfinite_lr_backoff
+        self.rollbacks += 1
+        self.consecutive_skips = 0
+        log.warning(
+            "learner: %d consecutive non-finite updates; rolled back to the last good state, lr now %.3g (rollback %d)",
+            self.cfg.nonfinite_patience, self.current_lr(), self.rollbacks,
+        )  # fmt: skip
+
+    # ----- training -----------------------------------------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.bf16 and self.device.type == "cuda":
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _unpack(self, batch: Any) -> dict[str, Tensor]:
+        missing = [k for k in _REQUIRED_KEYS if k not in batch.keys()]
+        if missing:
+            raise KeyError(f"train(batch): batch lacks {missing}; see the trajectory batch table in docs/learner.md")
+        data = {k: batch[k].to(self.device, non_blocking=True) for k in (*_REQUIRED_KEYS, "policy_version")
+                if k in batch.keys()}  # fmt: skip
+        if data["rewards"].ndim != 2:
+            raise ValueError(f"train(batch): rewards must be [T, B], got shape {tuple(data['rewards'].shape)}")
+        if data["terminated"].dtype != torch.bool or data["truncated"].dtype != torch.bool:
+            raise TypeError("train(batch): terminated and truncated must be bool tensors (keep them separate)")
+        return data
+
+    def train(self, batch: Any) -> dict[str, float]:
+        """One APPO iteration on ``batch`` (a TensorDict or dict of ``[T, B, ...]`` tensors, see docs/learner.md).
+
+        Returns scalar metrics: policy_loss, value_loss, entropy, kl, clip_frac, grad_norm (means over the good
+        updates of this call), lr, adv_mean, adv_std (raw V-trace advantages), explained_variance, masked_frac,
+        num_updates (this call), and the cumulative nonfinite_skips and rollbacks.
+        """
+        cfg = self.cfg
+        data = self._unpack(batch)
+        obs, actions, rewards = data["obs"], data["actions"], data["rewards"]
+        terminated, truncated = data["terminated"], data["truncated"]
+        num_steps, num_envs = rewards.shape
+        flat = num_steps * num_envs
+
+        # 1. Observation statistics first, so targets and loss below see one consistent normaliser (the change
+        #    relative to the behaviour policy's statistics is corrected by V-trace's importance ratios).
+        self.policy.update_normalizer(obs)
+        # 2. Reward scaling (statistics updated with this batch, then applied).
+        if cfg.scale_rewards:
+            rewards = self.reward_scaler.scale(rewards, terminated | truncated)
+        if cfg.reward_clip is not None:
+            rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
+        # 3. Policy-lag mask.
+        mask = None
+        if cfg.max_policy_lag is not None and "policy_version" in data:
+            mask = ((self.policy_version - data["policy_version"]) <= cfg.max_policy_lag).reshape(flat)
+
+        obs_f = obs.reshape(flat, *obs.shape[2:])
+        act_f = actions.reshape(flat, *actions.shape[2:])
+        blogp_f = data["behavior_logp"].reshape(flat).float()
+        sums: dict[str, list[Tensor]] = {}
+        first_targets: Targets | None = None
+        updates_before, rolled_back = self.num_updates, False
+        for epoch in range(cfg.num_epochs):
+            if epoch == 0 or cfg.recompute_targets == "epoch":
+                with self._autocast():
+                    targets = compute_targets(
+                        self.policy, obs, actions, data["behavior_logp"], rewards, terminated, truncated,
+                        data["next_obs"], gamma=cfg.gamma, lam=cfg.lam, rho_clip=cfg.rho_clip, c_clip=cfg.c_clip,
+                        vtrace_fn=self._vtrace_fn(), backend=cfg.advantage_backend,
+                    )  # fmt: skip
+                if first_targets is None:
+                    first_targets = targets
+                adv_f = targets.pg_advantages.reshape(flat)
+                if cfg.normalize_advantages:
+                    adv_f = normalize_advantages(adv_f, mask)
+                vs_f = targets.value_targets.reshape(flat)
+                old_v_f = targets.values.reshape(flat)
+            perm = torch.randperm(flat, generator=self.generator).to(self.device, non_blocking=True)
+            for idx in perm.chunk(cfg.num_minibatches):
+                mb_mask = mask[idx] if mask is not None else None
+                status = self._update(obs_f[idx], act_f[idx], blogp_f[idx], adv_f[idx], vs_f[idx], old_v_f[idx],
+                                      mb_mask, sums)  # fmt: skip
+                if status == "rollback":
+                    rolled_back = True
+                    break
+            if rolled_back:
+                break
+
+        self.env_steps += flat
+        num_updates = self.num_updates - updates_before
+        if num_updates > 0 or rolled_back:
+            self.policy_version += 1
+        metrics = {k: torch.stack(v).mean() for k, v in sums.items()}
+        assert first_targets is not None
+        pg_adv = first_targets.pg_advantages.reshape(flat)
+        metrics["adv_mean"] = masked_mean(pg_adv, mask)
+        metrics["adv_std"] = masked_mean((pg_adv - metrics["adv_mean"]).square(), mask).sqrt()
+        metrics["explained_variance"] = explained_variance(
+            first_targets.values.reshape(flat), first_targets.value_targets.reshape(flat), mask
+        )
+        metrics["masked_frac"] = 1.0 - mask.float().mean() if mask is not None else torch.zeros(())
+        out = {k: float(v) for k, v in metrics.items()}  # SYNC: metrics read back once per train call
+        if cfg.lr_schedule == "kl_adaptive" and "kl" in out:
+            self._adapt_lr(out["kl"])
+        out.update(
+            lr=self.current_lr(), num_updates=float(num_updates), nonfinite_skips=float(self.nonfinite_skips),
+            rollbacks=float(self.rollbacks), policy_version=float(self.policy_version),
+        )  # fmt: skip
+        for key in ("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "grad_norm"):
+            out.setdefault(key, float("nan"))  # no good update in this call
+        return out
+
+    def _update(
+        self, obs: Tensor, actions: Tensor, behavior_logp: Tensor, advantages: Tensor, value_targets: Tensor,
+        old_values: Tensor, mask: Tensor | None, sums: dict[str, list[Tensor]],
+    ) -> str:  # fmt: skip
+        """One minibatch step. Returns "ok", "skipped" (non-finite) or "rollback"."""
+        cfg = self.cfg
+        with self._autocast():
+            target_logp, entropy, values = self.policy.evaluate(obs, actions)
+        policy_loss, clip_frac, _ = ppo_clip_loss(target_logp, behavior_logp, advantages, cfg.clip_eps, mask)
+        v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask)
+        mean_entropy = masked_mean(entropy, mask)
+        kl = approx_kl(target_logp, behavior_logp, mask)
+        loss = policy_loss + cfg.value_coef * v_loss - cfg.entropy_coef * mean_entropy
+        if cfg.kl_coef:
+            loss = loss + cfg.kl_coef * kl
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        # SYNC: one host read per minibatch decides whether the step is taken.
+        if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_skips += 1
+            self.consecutive_skips += 1
+            log.warning("learner: non-finite loss or gradient, update skipped (%d in a row)", self.consecutive_skips)
+            if self.consecutive_skips >= cfg.nonfinite_patience:
+                self._rollback()
+                return "rollback"
+            return "skipped"
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.num_updates += 1
+        self.consecutive_skips = 0
+        self._good_updates += 1
+        if self._good_updates % cfg.good_state_interval == 0:
+            self._snapshot_good_state()
+        for key, value in (("policy_loss", policy_loss), ("value_loss", v_loss), ("entropy", mean_entropy),
+                           ("kl", kl), ("clip_frac", clip_frac), ("grad_norm", grad_norm)):  # fmt: skip
+            sums.setdefault(key, []).append(value.detach().float())
+        return "ok"
+
+    # ----- state --------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, counters, lr state, reward-scaler statistics and the minibatch RNG (not the policy weights:
+        save ``policy.state_dict()`` beside it)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "policy_version": self.policy_version,
+            "env_steps": self.env_steps,
+            "num_updates": self.num_updates,
+            "lr_scale": self.lr_scale,
+            "adaptive_lr": self.adaptive_lr,
+            "reward_scaler": self.reward_scaler.state_dict(),
+            "generator": self.generator.get_state(),
+            "nonfinite_skips": self.nonfinite_skips,
+            "rollbacks": self.rollbacks,
+            "consecutive_skips": self.consecutive_skips,
+            "good_updates": self._good_updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` output; load the policy weights first. The restored state becomes the last
+        good state for rollbacks."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.policy_version = int(state["policy_version"])
+        self.env_steps = int(state["env_steps"])
+        self.num_updates = int(state["num_updates"])
+        self.lr_scale = float(state["lr_scale"])
+        self.adaptive_lr = float(state["adaptive_lr"])
+        self.reward_scaler.load_state_dict(state["reward_scaler"])
+        self.generator.set_state(state["generator"])
+        self.nonfinite_skips = int(state["nonfinite_skips"])
+        self.rollbacks = int(state["rollbacks"])
+        self.consecutive_skips = int(state["consecutive_skips"])
+        self._good_updates = int(state["good_updates"])
+        self._snapshot_good_state()

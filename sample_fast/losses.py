@@ -1,0 +1,103 @@
+"""The APPO loss pieces as pure functions: PPO clipped surrogate, (clipped) value loss, KL estimate, statistics.
+
+No state, no modules, no optimisers: every function takes flat tensors ``[N]`` and returns scalars, so each can be
+checked by hand (``tests/test_learner.py`` does). ``mask`` arguments are ``[N]`` bool: True marks samples that count
+(policy-lag masking); ``None`` means all count. Masked-out entries may hold anything, NaN included: they are removed
+with ``torch.where``, never multiplied by zero.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
+    """Mean of ``x`` ``[N]`` over ``mask`` ``[N]`` bool; 0 when nothing is selected. Returns a 0-dim tensor."""
+    if mask is None:
+        return x.mean()
+    total = torch.where(mask, x, torch.zeros_like(x)).sum()
+    return total / mask.sum().clamp(min=1).to(x.dtype)
+
+
+def ppo_clip_loss(
+    target_logp: Tensor, behavior_logp: Tensor, advantages: Tensor, clip_eps: float, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7), to minimise.
+
+    Args:
+        target_logp: ``[N]`` float32, log pi(a|s) under the policy being trained (differentiable).
+        behavior_logp: ``[N]`` float32, log mu(a|s) under the policy that acted.
+        advantages: ``[N]`` float32, e.g. V-trace policy-gradient advantages (treated as constants).
+        clip_eps: the ratio is clipped to ``[1 - clip_eps, 1 + clip_eps]``.
+        mask: ``[N]`` bool or None.
+
+    Returns:
+        ``(loss, clip_frac, ratio)``: loss ``= -mean(min(r A, clip(r) A))`` with ``r = exp(target_logp -
+        behavior_logp)``; clip_frac = fraction of samples where ``|r - 1| > clip_eps``; ratio ``[N]``.
+    """
+    advantages = advantages.detach()
+    ratio = torch.exp(target_logp - behavior_logp)
+    surrogate = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    loss = -masked_mean(torch.minimum(surrogate, clipped), mask)
+    clip_frac = masked_mean(((ratio - 1.0).abs() > clip_eps).to(ratio.dtype), mask)
+    return loss, clip_frac.detach(), ratio
+
+
+def value_loss(
+    values: Tensor,
+    value_targets: Tensor,
+    old_values: Tensor | None = None,
+    clip_eps: float | None = None,
+    mask: Tensor | None = None,
+) -> Tensor:
+    """Squared-error value loss ``0.5 * mean((V - target)^2)``, optionally clipped as in PPO2.
+
+    Args:
+        values: ``[N]`` float32, the critic's current predictions (differentiable).
+        value_targets: ``[N]`` float32, e.g. V-trace ``vs`` (treated as constants).
+        old_values: ``[N]`` float32, predictions when the targets were computed; needed with ``clip_eps``.
+        clip_eps: if set, ``V_clip = old + clamp(V - old, -clip_eps, clip_eps)`` and the loss per sample is
+            ``0.5 * max((V - target)^2, (V_clip - target)^2)``.
+        mask: ``[N]`` bool or None.
+    """
+    value_targets = value_targets.detach()
+    err = (values - value_targets).square()
+    if clip_eps is not None:
+        if old_values is None:
+            raise ValueError("value_loss: clip_eps needs old_values (the predictions the targets were built with)")
+        old_values = old_values.detach()
+        v_clipped = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
+        err = torch.maximum(err, (v_clipped - value_targets).square())
+    return 0.5 * masked_mean(err, mask)
+
+
+def approx_kl(target_logp: Tensor, behavior_logp: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Sample estimate of KL(mu || pi) from actions drawn from mu: ``mean((r - 1) - log r)``, ``r = pi/mu``.
+
+    The "k3" estimator (Schulman, "Approximating KL divergence", 2020): unbiased and never negative per sample.
+    ``target_logp``/``behavior_logp`` are ``[N]`` float32; differentiable in ``target_logp`` (used as a penalty).
+    """
+    log_ratio = target_logp - behavior_logp
+    return masked_mean(torch.expm1(log_ratio) - log_ratio, mask)
+
+
+def normalize_advantages(advantages: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+    """``(A - mean) / (std + eps)`` over the masked entries of ``advantages`` ``[N]`` (population std)."""
+    mean = masked_mean(advantages, mask)
+    var = masked_mean((advantages - mean).square(), mask)
+    return (advantages - mean) / (var.sqrt() + eps)
+
+
+def explained_variance(predictions: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``1 - Var(targets - predictions) / Var(targets)`` over the masked entries of ``[N]`` tensors.
+
+    1 is a perfect critic, 0 is no better than a constant, negative is worse. NaN when the targets are constant.
+    """
+    t_mean = masked_mean(targets, mask)
+    var_t = masked_mean((targets - t_mean).square(), mask)
+    resid = targets - predictions
+    r_mean = masked_mean(resid, mask)
+    var_r = masked_mean((resid - r_mean).square(), mask)
+    return 1.0 - var_r / var_t

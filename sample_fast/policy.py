@@ -1,0 +1,217 @@
+"""The actor-critic policy: separate actor and critic MLPs behind a running observation normaliser.
+
+Owns the network weights and the observation statistics (registered buffers, so they travel with ``state_dict()``
+and the ParamStore). The sampler calls ``act`` (the inference hot path); the learner calls ``evaluate``, ``value``
+and ``update_normalizer``. It never touches an env, an optimizer or a buffer of trajectories.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from sample_fast.envs import Spec
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+
+
+class PolicyConfigError(ValueError):
+    """A bad ``PolicyConfig`` value or spec; the message says what to change."""
+
+
+@dataclass
+class PolicyConfig:
+    """Architecture of ``ActorCritic``."""
+
+    #: Hidden layer widths, shared by the actor and the critic (each has its own weights).
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    #: Hidden activation: tanh, relu, elu or silu.
+    activation: str = "tanh"
+    #: Initial log standard deviation of the Gaussian policy (continuous actions); std = exp(-0.5) ~ 0.61.
+    init_log_std: float = -0.5
+    #: log-std is clamped to [min_log_std, max_log_std] when used, so a runaway parameter cannot give inf/0 std.
+    min_log_std: float = -5.0
+    max_log_std: float = 2.0
+    #: Normalise observations with running mean/std statistics (updated by the learner).
+    normalize_obs: bool = True
+    #: Normalised observations are clipped to [-obs_clip, obs_clip].
+    obs_clip: float = 10.0
+    #: Orthogonal-init gain of the actor's output layer (CleanRL: 0.01, so the initial policy is near-uniform).
+    actor_out_gain: float = 0.01
+    #: Orthogonal-init gain of the critic's output layer (CleanRL: 1.0).
+    critic_out_gain: float = 1.0
+
+    def validate(self) -> None:
+        if not self.hidden_sizes or any(int(h) < 1 for h in self.hidden_sizes):
+            raise PolicyConfigError(f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}")
+        if self.activation not in _ACTIVATIONS:
+            raise PolicyConfigError(f"activation {self.activation!r} unknown; choose one of {sorted(_ACTIVATIONS)}")
+        if not self.obs_clip > 0:
+            raise PolicyConfigError(f"obs_clip must be > 0, got {self.obs_clip}")
+        if not self.min_log_std < self.max_log_std:
+            raise PolicyConfigError(f"min_log_std {self.min_log_std} must be < max_log_std {self.max_log_std}")
+
+
+def _mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain: float) -> nn.Sequential:
+    """MLP with CleanRL's orthogonal init: gain sqrt(2) on hidden layers, ``out_gain`` on the last, zero biases."""
+    layers: list[nn.Module] = []
+    prev = in_dim
+    for width in hidden:
+        linear = nn.Linear(prev, int(width))
+        nn.init.orthogonal_(linear.weight, math.sqrt(2.0))
+        nn.init.zeros_(linear.bias)
+        layers += [linear, _ACTIVATIONS[activation]()]
+        prev = int(width)
+    out = nn.Linear(prev, out_dim)
+    nn.init.orthogonal_(out.weight, out_gain)
+    nn.init.zeros_(out.bias)
+    layers.append(out)
+    return nn.Sequential(*layers)
+
+
+class RunningNormalizer(nn.Module):
+    """Running mean/variance of observations, merged batch by batch (Chan et al. parallel variance).
+
+    Buffers: ``count`` (float64 scalar), ``mean``/``var`` (float64 ``[obs_dim]``) hold the statistics; ``mean32``
+    and ``inv_std32`` (float32) are their derived forms used on the hot path, refreshed by ``update``.
+    """
+
+    def __init__(self, dim: int, clip: float, eps: float = 1e-8):
+        super().__init__()
+        self.clip = float(clip)
+        self.eps = float(eps)
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("mean32", torch.zeros(dim, dtype=torch.float32))
+        self.register_buffer("inv_std32", torch.ones(dim, dtype=torch.float32))
+
+    @torch.no_grad()
+    def update(self, x: Tensor) -> None:
+        """Merge a batch ``x`` ``[N, dim]`` into the statistics (population variance)."""
+        x = x.to(torch.float64)
+        n = x.shape[0]
+        if n == 0:
+            return
+        batch_mean = x.mean(dim=0)
+        batch_var = x.var(dim=0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        # M2_total = M2_a + M2_b + delta^2 * n_a * n_b / n  (Chan, Golub & LeVeque 1979)
+        m2 = self.var * self.count + batch_var * n + delta.square() * self.count * n / total
+        self.mean.add_(delta * n / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+        self.mean32.copy_(self.mean)
+        self.inv_std32.copy_(torch.rsqrt(self.var + self.eps))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # PERF: two fused elementwise ops + clamp on float32; the float64 statistics are never touched here.
+        return torch.clamp((x - self.mean32) * self.inv_std32, -self.clip, self.clip)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs; Gaussian (state-independent log-std) or categorical policy.
+
+    Shapes: ``obs`` ``[N, *obs_shape]`` float32 (raw, un-normalised); continuous ``actions`` ``[N, *act_shape]``
+    float32 (the unclipped Gaussian sample; the env clips); discrete ``actions`` ``[N]`` int64.
+    """
+
+    def __init__(self, observation_spec: Spec, action_spec: Spec, cfg: PolicyConfig | None = None):
+        super().__init__()
+        cfg = cfg if cfg is not None else PolicyConfig()
+        cfg.validate()
+        self.cfg = cfg
+        self.obs_shape = tuple(observation_spec.shape)
+        self.act_shape = tuple(action_spec.shape)
+        self.obs_dim = math.prod(self.obs_shape)
+        self.is_discrete = action_spec.is_discrete
+        if self.is_discrete:
+            if self.act_shape != ():
+                raise PolicyConfigError(f"discrete actions must have shape () per env, got {self.act_shape}")
+            out_dim = int(action_spec.num_actions)
+        else:
+            out_dim = math.prod(self.act_shape)
+            if out_dim < 1:
+                raise PolicyConfigError(f"continuous action spec has empty shape {self.act_shape}")
+        self.act_dim = out_dim
+        hidden = [int(h) for h in cfg.hidden_sizes]
+        self.actor = _mlp(self.obs_dim, hidden, out_dim, cfg.activation, cfg.actor_out_gain)
+        self.critic = _mlp(self.obs_dim, hidden, 1, cfg.activation, cfg.critic_out_gain)
+        if not self.is_discrete:
+            self.log_std = nn.Parameter(torch.full((out_dim,), float(cfg.init_log_std)))
+        self.normalizer = RunningNormalizer(self.obs_dim, cfg.obs_clip) if cfg.normalize_obs else None
+
+    # ----- helpers ------------------------------------------------------------------------------------------------
+    def _features(self, obs: Tensor) -> Tensor:
+        x = obs.reshape(obs.shape[0], self.obs_dim)
+        return self.normalizer(x) if self.normalizer is not None else x
+
+    def _log_std(self) -> Tensor:
+        return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
+
+    def _gaussian_logp(self, mean: Tensor, log_std: Tensor, actions: Tensor) -> Tensor:
+        z = (actions - mean) * torch.exp(-log_std)
+        return (-0.5 * z.square() - log_std - _LOG_SQRT_2PI).sum(dim=-1)
+
+    # ----- public API ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample actions for raw ``obs`` ``[N, *obs_shape]``.
+
+        Returns ``(actions [N, *act_shape], behavior_logp [N] float32, values [N] float32)``. With
+        ``deterministic`` the action is the mode (Gaussian mean / argmax) and ``behavior_logp`` its log-prob.
+        """
+        # PERF: the sampler's hot path (~3 us/sample for 2x256 on 2 threads): one normalise, two MLPs, a few
+        # elementwise ops; no torch.distributions objects, no extra copies.
+        x = self._features(obs)
+        out = self.actor(x).float()
+        values = self.critic(x).float().squeeze(-1)
+        if self.is_discrete:
+            logp_all = torch.log_softmax(out, dim=-1)
+            if deterministic:
+                actions = logp_all.argmax(dim=-1)
+            else:
+                actions = torch.multinomial(logp_all.exp(), 1).squeeze(-1)
+            logp = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+            return actions, logp, values
+        log_std = self._log_std()
+        if deterministic:
+            actions = out
+            logp = (-log_std - _LOG_SQRT_2PI).sum().expand(out.shape[0])
+        else:
+            noise = torch.randn_like(out)
+            actions = out + noise * torch.exp(log_std)
+            # z == noise exactly, so the log-prob needs no division.
+            logp = (-0.5 * noise.square() - log_std - _LOG_SQRT_2PI).sum(dim=-1)
+        return actions.reshape(obs.shape[0], *self.act_shape), logp, values
+
+    def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Differentiable ``(target_logp [N], entropy [N], values [N])`` (float32) of ``actions`` at ``obs``."""
+        x = self._features(obs)
+        out = self.actor(x).float()
+        values = self.critic(x).float().squeeze(-1)
+        if self.is_discrete:
+            logp_all = torch.log_softmax(out, dim=-1)
+            logp = logp_all.gather(-1, actions.long().reshape(-1, 1)).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
+            return logp, entropy, values
+        log_std = self._log_std()
+        logp = self._gaussian_logp(out, log_std, actions.reshape(out.shape).float())
+        # Entropy of a diagonal Gaussian: sum_i (log sigma_i + 0.5 * log(2 pi e)).
+        entropy = (log_std + 0.5 + _LOG_SQRT_2PI).sum().expand(out.shape[0])
+        return logp, entropy, values
+
+    def value(self, obs: Tensor) -> Tensor:
+        """Critic value ``[N]`` float32 of raw ``obs`` ``[N, *obs_shape]`` (differentiable; wrap in no_grad)."""
+        return self.critic(self._features(obs)).float().squeeze(-1)
+
+    @torch.no_grad()
+    def update_normalizer(self, obs: Tensor) -> None:
+        """Merge raw ``obs`` ``[..., *obs_shape]`` into the running statistics (no-op without normalisation)."""
+        if self.normalizer is not None:
+            self.normalizer.update(obs.reshape(-1, self.obs_dim))
