@@ -1,0 +1,306 @@
+"""Env-only throughput: our BatchedEnv backends against MuJoCo's physical limit and the peers, in one run.
+
+Counts agent steps per second (physics steps/s = agent steps/s * frame_skip, also reported). For each task and
+batch size it times, interleaved round-robin so machine load hits every contender alike:
+
+* ``ours``: ``sample_fast.envs.make(task, N, backend=...)`` (``--backend mujoco`` by default, 2 threads);
+* ``rollout``: ``mujoco.rollout.Rollout(nthread=2)``, one call per env step, same model (the physical limit for
+  MuJoCo C; it computes no ``cfrc_ext``, no observation, no reward, no resets);
+* ``envpool_sync`` / ``envpool_async``: EnvPool's ``<Task>-v5`` with 2 threads (async: ``num_envs=2N``,
+  ``batch_size=N``, send/recv);
+* ``gym_sync``: gymnasium's ``SyncVectorEnv`` of ``<Task>-v5``.
+
+    python benchmarks/bench_envs.py [--quick] [--envs ant] [--num-envs 64 256] [--backend mujoco|mjx]
+
+Writes ``benchmarks/results/envs_cpu.json`` and ``.md`` (``envs_<backend>_<device>`` for other backends): median, min
+and max over repeats, ratios, machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+import torch
+from sample_fast.envs import make
+from sample_fast.envs.physics import build_model
+from sample_fast.envs.tasks import TASKS, resolve_options
+
+NUM_ACTION_BATCHES = 16  # random action batches generated before timing and cycled through
+
+
+class Contender:
+    """Something that steps N envs: ``step(k)`` does one agent step with action batch k; ``close()``."""
+
+    name: str
+    frame_skip: int
+
+    def step(self, k: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Ours(Contender):
+    def __init__(self, task: str, n: int, backend: str, num_threads: int, seed: int) -> None:
+        opts = {"num_threads": num_threads} if backend == "mujoco" else {}
+        self.env = make(task, n, backend=backend, seed=seed, **opts)
+        self.name, self.frame_skip = f"ours_{backend}", self.env.frame_skip
+        rng = np.random.default_rng(seed)
+        lo, hi = self.env.action_spec.low.numpy(), self.env.action_spec.high.numpy()
+        self.actions = [
+            torch.from_numpy(rng.uniform(lo, hi, (n, *self.env.action_spec.shape)).astype(np.float32)).to(
+                self.env.device
+            )
+            for _ in range(NUM_ACTION_BATCHES)
+        ]
+        self.env.reset()
+
+    def step(self, k: int) -> None:
+        self.env.step(self.actions[k % NUM_ACTION_BATCHES])
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class RawRollout(Contender):
+    def __init__(self, task: str, n: int, num_threads: int, seed: int) -> None:
+        import mujoco
+        from mujoco import rollout
+
+        t = TASKS[task]
+        self.name, self.frame_skip = "rollout", t.frame_skip
+        self.model = build_model(t, resolve_options(t, {}, {}))
+        self.datas = [mujoco.MjData(self.model) for _ in range(num_threads)]
+        spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
+        d = mujoco.MjData(self.model)
+        mujoco.mj_forward(self.model, d)
+        s0 = np.zeros(mujoco.mj_stateSize(self.model, spec))
+        mujoco.mj_getState(self.model, d, s0, spec)
+        self.state = np.tile(s0, (n, 1))
+        self.out = np.zeros((n, self.frame_skip, s0.size))
+        rng = np.random.default_rng(seed)
+        lo, hi = self.model.actuator_ctrlrange[:, 0], self.model.actuator_ctrlrange[:, 1]
+        self.controls = [rng.uniform(lo, hi, (n, 1, self.model.nu)) for _ in range(NUM_ACTION_BATCHES)]
+        self.rollout = rollout.Rollout(nthread=num_threads)
+
+    def step(self, k: int) -> None:
+        self.rollout.rollout(
+            self.model, self.datas, self.state, self.controls[k % NUM_ACTION_BATCHES], nstep=self.frame_skip,
+            state=self.out,
+        )  # fmt: skip
+        self.state[:] = self.out[:, -1]
+
+    def close(self) -> None:
+        self.rollout.close()
+
+
+class EnvPool(Contender):
+    def __init__(self, task: str, n: int, num_threads: int, seed: int, asynchronous: bool) -> None:
+        import envpool
+
+        t = TASKS[task]
+        self.name = "envpool_async" if asynchronous else "envpool_sync"
+        self.asynchronous = asynchronous
+        num = 2 * n if asynchronous else n
+        self.env = envpool.make(
+            t.envpool_id, env_type="gymnasium", num_envs=num, batch_size=n, seed=seed, num_threads=num_threads
+        )
+        self.frame_skip = int(self.env.config.get("frame_skip", t.frame_skip))
+        rng = np.random.default_rng(seed)
+        shape = (n, *self.env.action_space.shape)
+        lo, hi = self.env.action_space.low, self.env.action_space.high
+        self.actions = [rng.uniform(lo, hi, shape) for _ in range(NUM_ACTION_BATCHES)]
+        if asynchronous:
+            self.env.async_reset()
+        else:
+            self.env.reset()
+
+    def step(self, k: int) -> None:
+        a = self.actions[k % NUM_ACTION_BATCHES]
+        if self.asynchronous:
+            info = self.env.recv()[-1]
+            self.env.send(a, info["env_id"])
+        else:
+            self.env.step(a)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class GymSync(Contender):
+    def __init__(self, task: str, n: int, seed: int) -> None:
+        import gymnasium as gym
+
+        t = TASKS[task]
+        self.name, self.frame_skip = "gym_sync", t.frame_skip
+        self.env = gym.vector.SyncVectorEnv([lambda: gym.make(t.gymnasium_id) for _ in range(n)])
+        rng = np.random.default_rng(seed)
+        sp = self.env.action_space
+        self.actions = [rng.uniform(sp.low, sp.high).astype(sp.dtype) for _ in range(NUM_ACTION_BATCHES)]
+        self.env.reset(seed=seed)
+
+    def step(self, k: int) -> None:
+        self.env.step(self.actions[k % NUM_ACTION_BATCHES])
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _time(c: Contender, n: int, num_steps: int) -> float:
+    t0 = time.perf_counter()
+    for k in range(num_steps):
+        c.step(k)
+    return n * num_steps / (time.perf_counter() - t0)
+
+
+def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    makers: list[Callable[[], Contender]] = [lambda: Ours(task, n, args.backend, args.num_threads, args.seed)]
+    if not args.no_peers:
+        makers.append(lambda: RawRollout(task, n, args.num_threads, args.seed))
+        makers.append(lambda: EnvPool(task, n, args.num_threads, args.seed, asynchronous=False))
+        makers.append(lambda: EnvPool(task, n, args.num_threads, args.seed, asynchronous=True))
+        if not args.no_gym:
+            makers.append(lambda: GymSync(task, n, args.seed))
+    contenders: list[Contender] = []
+    for mk in makers:
+        try:
+            contenders.append(mk())
+        except Exception as e:  # a peer that does not install here is reported, not fatal
+            print(f"  skipped a contender: {type(e).__name__}: {e}")
+    rates: dict[str, list[float]] = {c.name: [] for c in contenders}
+    # Size each timed block to ~args.seconds at a nominal rate, per contender (slow ones get fewer steps).
+    nominal = {"gym_sync": 5000.0}
+    try:
+        for c in contenders:  # warm-up (compilation, caches, thread start)
+            for k in range(args.warmup_steps):
+                c.step(k)
+        for _ in range(args.repeats):
+            for c in contenders:  # PERF: round-robin so background load spreads over all contenders
+                num_steps = max(3, int(args.seconds * nominal.get(c.name, 12000.0) / n))
+                rates[c.name].append(_time(c, n, num_steps))
+    finally:
+        for c in contenders:
+            c.close()
+    out: dict[str, Any] = {"task": task, "num_envs": n, "frame_skip": contenders[0].frame_skip, "results": {}}
+    for c in contenders:
+        r = rates[c.name]
+        out["results"][c.name] = {
+            "median": statistics.median(r),
+            "min": min(r),
+            "max": max(r),
+            "repeats": r,
+            "physics_steps_per_s": statistics.median(r) * c.frame_skip,
+        }
+    ours = out["results"][contenders[0].name]["median"]
+    out["ratios"] = {
+        f"ours/{name}": ours / res["median"] for name, res in out["results"].items() if name != contenders[0].name
+    }
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    versions = {}
+    for pkg in ("mujoco", "gymnasium", "envpool", "numpy", "torch", "jax", "mujoco-mjx"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [
+        f"# Env-only throughput ({report['backend']} backend)",
+        "",
+        f"Agent steps/s, median of {report['args']['repeats']} repeats (min-max in brackets), "
+        f"{report['args']['num_threads']} threads where configurable. Machine: {m['cpu']}, {m['cores']} cores; "
+        f"load average {report['load_before']} before, {report['load_after']} after. "
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
+        "",
+    ]
+    for case in report["cases"]:
+        lines += [
+            f"## {case['task']}, {case['num_envs']} envs, frame_skip {case['frame_skip']}",
+            "",
+            "| contender | steps/s | physics steps/s |",
+            "|---|---|---|",
+        ]
+        for name, r in case["results"].items():
+            lines.append(
+                f"| {name} | {r['median']:,.0f} [{r['min']:,.0f}-{r['max']:,.0f}] | {r['physics_steps_per_s']:,.0f} |"
+            )
+        lines += ["", "Ratios: " + ", ".join(f"{k} = {v:.2f}" for k, v in case["ratios"].items()), ""]
+    if report.get("notes"):
+        lines += ["## Notes", "", report["notes"], ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1 repeat of ~0.3 s per contender (smoke run)")
+    p.add_argument("--envs", nargs="+", default=["ant"], choices=sorted(TASKS), help="tasks")
+    p.add_argument("--num-envs", nargs="+", type=int, default=[64, 256], help="batch sizes")
+    p.add_argument("--backend", default="mujoco", help="our backend: mujoco (default) or mjx")
+    p.add_argument("--num-threads", type=int, default=2, help="threads for ours, rollout and EnvPool")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per contender (median reported)")
+    p.add_argument("--seconds", type=float, default=1.5, help="approximate length of one timed repeat")
+    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-peers", action="store_true", help="time only ours")
+    p.add_argument("--no-gym", action="store_true", help="skip gymnasium SyncVectorEnv (slow)")
+    p.add_argument("--out", default=None, help="output stem (default benchmarks/results/envs_<cpu|gpu>)")
+    p.add_argument("--notes", default="", help="free text added to the markdown report")
+    args = p.parse_args()
+    if args.quick:
+        args.repeats, args.seconds, args.warmup_steps = 1, 0.3, 5
+    report: dict[str, Any] = {
+        "backend": args.backend,
+        "args": vars(args),
+        "machine": machine_info(),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "cases": [],
+        "notes": args.notes,
+    }
+    for task in args.envs:
+        for n in args.num_envs:
+            print(f"{task} x {n}:")
+            case = run_case(task, n, args)
+            for name, r in case["results"].items():
+                print(f"  {name:>14}: {r['median']:>9,.0f} steps/s  [{r['min']:,.0f}-{r['max']:,.0f}]")
+            print("  " + ", ".join(f"{k} = {v:.2f}" for k, v in case["ratios"].items()))
+            report["cases"].append(case)
+    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    device = "gpu" if args.backend == "mjx" and torch.cuda.is_available() else "cpu"
+    name = f"envs_{device}" if args.backend == "mujoco" else f"envs_{args.backend}_{device}"
+    stem = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(to_markdown(report))
+    print(f"wrote {stem}.json and {stem}.md (load average {report['load_before']} -> {report['load_after']})")
+
+
+if __name__ == "__main__":
+    main()
