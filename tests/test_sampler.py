@@ -1,0 +1,226 @@
+"""Sampler (in-process): double-buffered order, batch correctness on the toy env, versions, backpressure, episodes.
+
+``VersionPolicy`` is a stand-in for ActorCritic whose action mean encodes the version of its weights (a parameter
+AND a buffer, like normaliser statistics), so a batch proves which weights produced each action. test_runner.py
+reuses it.
+"""
+
+import math
+
+import pytest
+import torch
+from sample_fast.envs import make
+from sample_fast.envs.toy import ToyEnv
+
+from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, build_split_envs
+from sample_fast.trajectory_store import TrajectoryStore
+
+ACTION_STEP = 0.002  # mean action = ACTION_STEP * version (half from the parameter, half from the buffer)
+LOG_STD = -9.0  # std 1.2e-4: versions 0.002 apart are 16 standard deviations apart
+
+
+class VersionPolicy(torch.nn.Module):
+    """ActorCritic contract (act/evaluate/value); mean = bias + 0.001 * stat, values = obs.sum(-1)."""
+
+    def __init__(self, act_dim: int = 2) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(act_dim))
+        self.register_buffer("stat", torch.zeros(()))
+
+    def set_version(self, version: int) -> None:
+        with torch.no_grad():
+            self.bias.fill_(0.001 * version)
+            self.stat.fill_(float(version))
+
+    def _mean(self, n: int) -> torch.Tensor:
+        return (self.bias + 0.001 * self.stat).expand(n, self.bias.numel())
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = False):
+        noise = torch.randn(obs.shape[0], self.bias.numel())
+        actions = self._mean(obs.shape[0]) + noise * math.exp(LOG_STD)
+        logp = (-0.5 * noise.square() - LOG_STD - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return actions, logp, obs.sum(-1)
+
+    def evaluate(self, obs, actions):
+        z = (actions - self._mean(obs.shape[0])) / math.exp(LOG_STD)
+        logp = (-0.5 * z.square() - LOG_STD - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return logp, torch.zeros_like(logp), obs.sum(-1)
+
+    def value(self, obs):
+        return obs.sum(-1)
+
+
+def toy_env(num_envs: int) -> ToyEnv:
+    # A constant action ~0 misses when mean(target^2) > 0.5 (P ~ 0.21 per step): episodes of 8 steps end both
+    # terminated and truncated.
+    return make("toy", num_envs, terminate_on_miss=True, miss_threshold=0.5, max_episode_steps=8)
+
+
+def check_batch(batch, miss_threshold: float = 0.5) -> None:
+    """Independent checks of one [T, B] toy batch collected by VersionPolicy."""
+    obs, next_obs = batch["obs"], batch["next_obs"]
+    term, trunc = batch["terminated"], batch["truncated"]
+    done = term | trunc
+    # next_obs[t] == obs[t+1] wherever the episode continues; after done, obs[t+1] is a fresh episode (t = 0)
+    cont = ~done[:-1]
+    assert torch.equal(next_obs[:-1][cont], obs[1:][cont])
+    assert (obs[1:][done[:-1]][:, -1] == 0).all()
+    # truncated <=> the true next obs shows t == max_episode_steps; terminated <=> a miss (reward < 1 - threshold)
+    assert torch.equal(trunc, next_obs[..., -1] == 1.0)
+    assert torch.equal(term, batch["rewards"] < 1.0 - miss_threshold)
+    # the action mean encodes the version of the weights that produced it; values were computed at obs
+    version_from_action = torch.round(batch["actions"] / ACTION_STEP).to(torch.int64)
+    assert torch.equal(version_from_action, batch["policy_version"].unsqueeze(-1).expand_as(version_from_action))
+    torch.testing.assert_close(batch["values"], obs.sum(-1))
+
+
+def _serial_sampler(num_splits=2, num_slots=4, num_envs=6, rollout_len=5, version=None):
+    cfg = SamplerConfig(rollout_len=rollout_len, num_splits=num_splits, num_slots=num_slots, seed=3)
+    envs = build_split_envs(lambda: toy_env(num_envs), num_splits)
+    store = TrajectoryStore(envs[0].observation_spec, envs[0].action_spec, rollout_len, num_envs, num_slots)
+    policy = VersionPolicy()
+    version = version if version is not None else {"v": 0}
+    policy.set_version(version["v"])
+    ring = EpisodeRing(1024, shared=False)
+    sampler = Sampler(envs, policy, store, cfg, version_fn=lambda: version["v"], episodes=ring, split_seeds=[3, 4])
+    return sampler, store, policy, version, ring
+
+
+def test_double_buffered_order_overlaps_one_split_with_the_other():
+    log = []
+
+    class Recording(ToyEnv):
+        def _send(self, actions):
+            log.append(("send", self.tag))
+
+        def _recv(self, actions):
+            log.append(("recv", self.tag))
+            return self._step(actions)
+
+    envs = [Recording("toy", 2), Recording("toy", 2)]
+    envs[0].tag, envs[1].tag = "A", "B"
+    cfg = SamplerConfig(rollout_len=3, num_splits=2, num_slots=4, seed=0)
+    store = TrajectoryStore(envs[0].observation_spec, envs[0].action_spec, 3, 2, 4)
+    policy = VersionPolicy()
+
+    class LoggingPolicy(VersionPolicy):
+        def act(self, obs, deterministic=False):
+            log.append(("act",))
+            return super().act(obs)
+
+    policy = LoggingPolicy()
+    sampler = Sampler(envs, policy, store, cfg, version_fn=lambda: 0)
+    sampler.advance(wait_s=0.0)
+    sampler.advance(wait_s=0.0)
+    # While B's step is in flight (send B .. recv B), A is received, acted on and sent again: A's policy forward
+    # overlaps B's physics, and vice versa.
+    assert log == [
+        ("act",), ("send", "A"), ("act",), ("send", "B"),
+        ("recv", "A"), ("act",), ("send", "A"), ("recv", "B"), ("act",), ("send", "B"),
+    ]  # fmt: skip
+    sampler.close()
+    assert envs[0]._closed and envs[1]._closed
+
+
+def test_serial_batches_are_continuous_across_slots_and_record_versions():
+    sampler, store, policy, version, ring = _serial_sampler()
+    per_split: dict[int, list[int]] = {0: [], 1: []}
+    slots_seen = []
+    for _rollout in range(6):
+        owners = {s.slot_idx: i for i, s in enumerate(sampler.splits) if s.slot_idx is not None}
+        while sampler.advance(wait_s=0.0) == 0:
+            owners.update({s.slot_idx: i for i, s in enumerate(sampler.splits) if s.slot_idx is not None})
+        while (slot_idx := store.acquire_ready(0.0)) is not None:
+            batch = store.slot(slot_idx).clone()
+            store.check_written(slot_idx)
+            check_batch(batch)
+            per_split[owners[slot_idx]].append(len(slots_seen))
+            slots_seen.append(batch)
+            store.release(slot_idx)
+        version["v"] += 1  # "train": new weights, same policy object (serial mode)
+        policy.set_version(version["v"])
+    assert len(slots_seen) == 12 and all(len(v) == 6 for v in per_split.values())
+    versions = set()
+    for _split_idx, order in per_split.items():
+        for prev, nxt in zip(order, order[1:], strict=False):
+            a, b = slots_seen[prev], slots_seen[nxt]
+            last_done = a["terminated"][-1] | a["truncated"][-1]
+            # the rollout boundary loses no transition: slot n's last next_obs is slot n+1's first obs
+            assert torch.equal(a["next_obs"][-1][~last_done], b["obs"][0][~last_done])
+        for i in order:
+            versions |= set(slots_seen[i]["policy_version"].unique().tolist())
+    assert versions == set(range(6))  # rollouts 0..5 acted with versions 0..5, and each step says which
+    # episodes: every done flag produced exactly one (return, length) in the ring
+    returns, lengths = ring.drain()
+    num_done = sum(int((b["terminated"] | b["truncated"]).sum()) for b in slots_seen)
+    # pending in-flight steps of the current slots may have ended episodes too: at least all batched ones
+    assert returns.numel() >= num_done and lengths.min() >= 1 and lengths.max() <= 8
+    sampler.close()
+
+
+def test_episode_returns_match_rewards_of_the_batch():
+    sampler, store, _, _, ring = _serial_sampler(num_splits=2, num_envs=3, rollout_len=40)
+    owners, batches = {}, {}
+    while len(batches) < 2:
+        sampler.advance(wait_s=0.0)
+        owners.update({s.slot_idx: i for i, s in enumerate(sampler.splits) if s.slot_idx is not None})
+        while (slot_idx := store.acquire_ready(0.0)) is not None:
+            batches[owners[slot_idx]] = store.slot(slot_idx).clone()
+            store.release(slot_idx)
+    # Reconstruct finished episodes from each split's rewards (all envs start fresh at t=0 of these slots).
+    expected = []
+    for batch in batches.values():
+        done = (batch["terminated"] | batch["truncated"]).T
+        for env_rewards, env_done in zip(batch["rewards"].T, done, strict=True):
+            ret, length = 0.0, 0
+            for r, d in zip(env_rewards.tolist(), env_done.tolist(), strict=True):
+                ret, length = ret + r, length + 1
+                if d:
+                    expected.append((round(ret, 4), length))
+                    ret, length = 0.0, 0
+    returns, lengths = ring.drain()
+    got = sorted(zip([round(x, 4) for x in returns.tolist()], lengths.tolist(), strict=True))
+    # the ring may also hold episodes ended by the steps already in flight beyond the slots; all batch ones are there
+    assert len(expected) > 10
+    for item in expected:
+        assert item in got
+        got.remove(item)
+    sampler.close()
+
+
+def test_backpressure_waits_bounded_and_resumes():
+    sampler, store, _, _, _ = _serial_sampler(num_splits=2, num_slots=3, rollout_len=2)
+    ready = 0
+    while ready < 3:  # fills all 3 slots (never released): the sampler must wait, not fail
+        ready += sampler.advance(wait_s=0.0)
+        assert sampler.wait_s < 1.0
+    before = sampler.wait_s
+    assert sampler.advance(wait_s=0.1) == 0  # both splits wait for a FREE slot, ~0.1 s each at most
+    assert 0.05 < sampler.wait_s - before < 2.0
+    slot_idx = store.acquire_ready(0.0)
+    store.release(slot_idx)
+    progressed = sum(sampler.advance(wait_s=0.0) for _ in range(4))
+    assert progressed == 1  # exactly the released slot was refilled
+    sampler.close()
+    assert store.state_names().count("FILLING") == 0  # close() discarded partial slots
+
+
+def test_episode_ring_overflow_is_counted_not_fatal():
+    ring = EpisodeRing(4, shared=False)
+    ring.push(torch.arange(3.0), torch.arange(3))
+    r, lengths = ring.drain()
+    assert r.tolist() == [0.0, 1.0, 2.0] and lengths.tolist() == [0, 1, 2]
+    ring.push(torch.arange(10.0), torch.arange(10))
+    r, _ = ring.drain()
+    assert r.tolist() == [6.0, 7.0, 8.0, 9.0] and ring.dropped == 6
+
+
+def test_config_errors_name_the_fix():
+    with pytest.raises(ValueError, match="try num_slots=4"):
+        SamplerConfig(num_splits=2, num_slots=2)
+    with pytest.raises(ValueError, match="spawn or forkserver"):
+        SamplerConfig(mp_start_method="fork")
+    with pytest.raises(ValueError, match="different env groups"):
+        sizes = iter([2, 3])
+        build_split_envs(lambda: make("toy", next(sizes)), 2)
