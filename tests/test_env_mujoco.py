@@ -304,10 +304,31 @@ def test_no_threads_left_after_close():
 
 @pytest.mark.timeout(60)
 def test_send_returns_before_the_step_finishes():
-    with make("humanoid", 32, backend="mujoco", num_threads=2) as env:
+    with make("humanoid", 256, backend="mujoco", num_threads=2) as env:
         env.reset()
-        env.send(torch.zeros(32, 17))
-        # 32 humanoid steps take milliseconds; at least one worker is still busy right after send().
+        env.send(torch.zeros(256, 17))
+        # 256 humanoid steps take ~50 ms of CPU: at least one worker is still busy right after send().
         still_running = any(not w.done.is_set() for w in env._workers)
         r = env.recv()
-        assert still_running and r.obs.shape == (32, 348)
+        assert still_running and r.obs.shape == (256, 348)
+
+
+@pytest.mark.timeout(60)
+def test_model_options_reach_the_model():
+    with make("ant", 2, backend="mujoco", contacts="feet", solver_iterations=3, ls_iterations=2, frame_skip=2) as env:
+        assert env.model.opt.iterations == 3 and env.model.opt.ls_iterations == 2
+        assert env.model.npair == 4 and env.frame_skip == 2
+        assert env.dt == pytest.approx(2 * env.model.opt.timestep)
+        env.reset()
+        r = env.step(torch.zeros(2, 8))
+        assert torch.isfinite(r.obs).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(60)
+def test_cuda_device_outputs():
+    with make("hopper", 4, backend="mujoco", device="cuda") as env:
+        obs, _ = env.reset()
+        r = env.step(torch.zeros(4, 3, device="cuda"))
+        assert obs.device.type == "cuda" and r.obs.device.type == "cuda" and r.info["final_obs"].device.type == "cuda"
+        assert r.reward.device.type == "cuda" and r.info["episode_return"].device.type == "cuda"
