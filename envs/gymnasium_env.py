@@ -168,7 +168,8 @@ class GymnasiumEnv(BatchedEnv):
             try:
                 obs, reward, terminated, truncated, infos = self._vec.step_wait(timeout=self._step_timeout_s)
             except (TimeoutError, gymnasium.error.Error) as e:
-                raise EnvError(f"{self.env_id}: async step failed or timed out ({e!r}); close() and make a new env") from e
+                msg = f"{self.env_id}: async step failed or timed out ({e!r}); close() and make a new env"
+                raise EnvError(msg) from e
         else:
             obs, reward, terminated, truncated, infos = self._vec.step(self._to_numpy_actions(actions))
         final = obs
