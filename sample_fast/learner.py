@@ -491,7 +491,8 @@ class Learner:
         """Optimizer, counters, lr state, reward-scaler statistics and the minibatch RNG (not the policy weights:
         save ``policy.state_dict()`` beside it)."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            # deepcopy: torch's optimizer state_dict shares the live moment tensors, which keep changing.
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "policy_version": self.policy_version,
             "env_steps": self.env_steps,
             "num_updates": self.num_updates,
@@ -508,7 +509,9 @@ class Learner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()`` output; load the policy weights first. The restored state becomes the last
         good state for rollbacks."""
-        self.optimizer.load_state_dict(state["optimizer"])
+        # deepcopy: Adam.load_state_dict keeps tensors whose dtype/device already match, so without it two
+        # learners restored from one in-memory state would share (and both advance) the same moment tensors.
+        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.policy_version = int(state["policy_version"])
         self.env_steps = int(state["env_steps"])
         self.num_updates = int(state["num_updates"])

@@ -1,0 +1,362 @@
+"""Tests of ``sample_fast.losses`` and ``sample_fast.learner``: hand-computed losses, V-trace target identities
+through ``compute_targets``, non-finite skip and rollback, policy-lag masking, state round trips, lr schedules,
+and a short learning test on the ``toy`` env (the evidence that the learner learns)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from sample_fast.envs import Spec, make
+from tensordict import TensorDict
+
+from sample_fast.learner import (
+    Learner,
+    LearnerConfig,
+    LearnerConfigError,
+    _torch_vtrace,
+    compute_targets,
+    default_vtrace_fn,
+)
+from sample_fast.losses import approx_kl, explained_variance, normalize_advantages, ppo_clip_loss, value_loss
+from sample_fast.policy import ActorCritic, PolicyConfig
+
+OBS = Spec(shape=(3,), dtype=torch.float32)
+CONT = Spec(shape=(2,), dtype=torch.float32, low=-torch.ones(2), high=torch.ones(2))
+SMALL = PolicyConfig(hidden_sizes=[32, 32])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Other processes share the 2 cores; tiny matmuls on 2 spinning threads can be 10x slower than on one.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def make_batch(policy: ActorCritic, num_steps: int = 8, num_envs: int = 6, seed: int = 0, version: int = 0):
+    """An on-policy batch: obs random, actions from ``policy.act``; episodes end at fixed places."""
+    gen = torch.Generator().manual_seed(seed)
+    obs = torch.randn(num_steps, num_envs, 3, generator=gen)
+    next_obs = torch.cat([obs[1:], torch.randn(1, num_envs, 3, generator=gen)])
+    torch.manual_seed(seed)
+    actions, behavior_logp, values = policy.act(obs.reshape(-1, 3))
+    terminated = torch.zeros(num_steps, num_envs, dtype=torch.bool)
+    truncated = torch.zeros(num_steps, num_envs, dtype=torch.bool)
+    terminated[2, 0] = terminated[5, 1] = True
+    truncated[3, 2] = truncated[num_steps - 1, 3] = True
+    done = terminated | truncated
+    next_obs[done] = torch.randn(int(done.sum()), 3, generator=gen)  # final_obs differs from the next row's obs
+    return TensorDict(
+        {
+            "obs": obs,
+            "actions": actions.reshape(num_steps, num_envs, 2),
+            "behavior_logp": behavior_logp.reshape(num_steps, num_envs),
+            "values": values.reshape(num_steps, num_envs),
+            "rewards": torch.randn(num_steps, num_envs, generator=gen),
+            "terminated": terminated,
+            "truncated": truncated,
+            "next_obs": next_obs,
+            "policy_version": torch.full((num_steps, num_envs), version, dtype=torch.int64),
+        },
+        batch_size=[num_steps, num_envs],
+    )
+
+
+def params_of(policy: ActorCritic) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in policy.parameters()]
+
+
+# ----- pure losses -----------------------------------------------------------------------------------------------
+def test_ppo_clip_loss_hand_computed():
+    # ratios r = [0.5, 1.0, 1.5, 0.5], advantages A = [1, -1, 2, -1], clip_eps 0.2 -> clip(r) = [0.8, 1, 1.2, 0.8]
+    # min(r A, clip(r) A) = [min(0.5, 0.8), min(-1, -1), min(3, 2.4), min(-0.5, -0.8)] = [0.5, -1, 2.4, -0.8]
+    # loss = -(0.5 - 1 + 2.4 - 0.8) / 4 = -0.275; clip_frac: |r - 1| > 0.2 for samples 0, 2, 3 -> 0.75
+    behavior_logp = torch.tensor([0.1, -0.3, 0.2, -1.0])
+    target_logp = (behavior_logp + torch.log(torch.tensor([0.5, 1.0, 1.5, 0.5]))).requires_grad_()
+    advantages = torch.tensor([1.0, -1.0, 2.0, -1.0])
+    loss, clip_frac, ratio = ppo_clip_loss(target_logp, behavior_logp, advantages, 0.2)
+    assert loss.item() == pytest.approx(-0.275, abs=1e-6)
+    assert clip_frac.item() == pytest.approx(0.75)
+    loss.backward()
+    # d loss / d target_logp = -r A / 4 where the unclipped term is the min, 0 where the clipped one is:
+    # [-0.5 / 4, -(1 * -1) / 4, 0, 0] = [-0.125, 0.25, 0, 0]
+    torch.testing.assert_close(target_logp.grad, torch.tensor([-0.125, 0.25, 0.0, 0.0]))
+    # Masking sample 2 out: -(0.5 - 1 - 0.8) / 3 = 1.3 / 3
+    mask = torch.tensor([True, True, False, True])
+    loss, clip_frac, _ = ppo_clip_loss(target_logp.detach(), behavior_logp, advantages, 0.2, mask)
+    assert loss.item() == pytest.approx(1.3 / 3, abs=1e-6) and clip_frac.item() == pytest.approx(2 / 3)
+
+
+def test_value_loss_hand_computed():
+    # 0.5 * mean([(1 - 0)^2, (2 - 4)^2]) = 0.5 * 2.5 = 1.25
+    assert value_loss(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0])).item() == pytest.approx(1.25)
+    # Clipped: V = 3, old = 1, target = 2.5, eps 0.5 -> V_clip = 1.5; max((3 - 2.5)^2, (1.5 - 2.5)^2) = 1 -> 0.5
+    v = value_loss(torch.tensor([3.0]), torch.tensor([2.5]), torch.tensor([1.0]), clip_eps=0.5)
+    assert v.item() == pytest.approx(0.5)
+    # Clipping can only raise the loss: V = 1, old = 1.8, target = 2 -> V_clip = 1.3; max(1, 0.49) = 1 -> 0.5
+    v = value_loss(torch.tensor([1.0]), torch.tensor([2.0]), torch.tensor([1.8]), clip_eps=0.5)
+    assert v.item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="old_values"):
+        value_loss(torch.tensor([1.0]), torch.tensor([2.0]), clip_eps=0.5)
+
+
+def test_kl_explained_variance_and_advantage_normalisation():
+    # log r = [0, ln 2]: k3 = [0, (2 - 1) - ln 2] -> mean = (1 - 0.693147) / 2 = 0.153426
+    kl = approx_kl(torch.tensor([0.0, math.log(2.0)]), torch.zeros(2))
+    assert kl.item() == pytest.approx((1 - math.log(2)) / 2, abs=1e-6)
+    targets = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert explained_variance(targets, targets).item() == pytest.approx(1.0)
+    assert explained_variance(torch.full((4,), 2.5), targets).item() == pytest.approx(0.0)
+    # residual [1, 1, -1, -1] (var 1) vs Var(targets) = 1.25 -> 1 - 1 / 1.25 = 0.2
+    assert explained_variance(targets - torch.tensor([1.0, 1, -1, -1]), targets).item() == pytest.approx(0.2)
+    adv = normalize_advantages(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([True, True, False]))
+    torch.testing.assert_close(adv[:2], torch.tensor([-1.0, 1.0]), rtol=0, atol=1e-6)  # mean 2, std 1
+
+
+# ----- V-trace targets through compute_targets ----------------------------------------------------------------
+def discounted_returns(batch: TensorDict, policy: ActorCritic, gamma: float) -> torch.Tensor:
+    """Independent float64 expectation for on-policy V-trace with lambda = 1: bootstrapped discounted returns.
+
+    G_t = r_t + gamma * (0 if terminated; V(next_obs_t) if truncated or t = T-1; else G_{t+1}).
+    """
+    num_steps, num_envs = batch.batch_size
+    with torch.no_grad():
+        v_next = policy.value(batch["next_obs"].reshape(-1, 3)).reshape(num_steps, num_envs).double()
+    rewards = batch["rewards"].double()
+    returns = torch.zeros(num_steps, num_envs, dtype=torch.float64)
+    for b in range(num_envs):
+        for t in reversed(range(num_steps)):
+            if batch["terminated"][t, b]:
+                nxt = 0.0
+            elif batch["truncated"][t, b] or t == num_steps - 1:
+                nxt = v_next[t, b]
+            else:
+                nxt = returns[t + 1, b]
+            returns[t, b] = rewards[t, b] + gamma * nxt
+    return returns
+
+
+@pytest.mark.parametrize("which", ["reference", "default"])
+def test_on_policy_vtrace_equals_discounted_return_targets(which):
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    batch = make_batch(policy)
+    vtrace_fn = _torch_vtrace if which == "reference" else default_vtrace_fn()
+    targets = compute_targets(
+        policy, batch["obs"], batch["actions"], batch["behavior_logp"], batch["rewards"], batch["terminated"],
+        batch["truncated"], batch["next_obs"], gamma=0.9, lam=1.0, rho_clip=1.0, c_clip=1.0, vtrace_fn=vtrace_fn,
+    )  # fmt: skip
+    expected = discounted_returns(batch, policy, 0.9)
+    torch.testing.assert_close(targets.target_logp, batch["behavior_logp"], rtol=1e-5, atol=1e-5)  # on-policy
+    torch.testing.assert_close(targets.value_targets.double(), expected, rtol=1e-4, atol=1e-4)
+    # On-policy, lambda = 1: the pg advantage is GAE(1) = G_t - V(obs_t).
+    torch.testing.assert_close(targets.pg_advantages.double(), expected - targets.values.double(), rtol=1e-4, atol=1e-4)
+
+
+def test_truncated_bootstraps_terminated_does_not():
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    batch = make_batch(policy)
+
+    def targets_for(b):
+        return compute_targets(
+            policy, b["obs"], b["actions"], b["behavior_logp"], b["rewards"], b["terminated"], b["truncated"],
+            b["next_obs"], gamma=0.9, lam=1.0, rho_clip=1.0, c_clip=1.0, vtrace_fn=_torch_vtrace,
+        ).value_targets  # fmt: skip
+
+    base = targets_for(batch)
+    # Terminated at (t=2, env 0): target = reward, whatever the final observation is.
+    assert base[2, 0].item() == pytest.approx(batch["rewards"][2, 0].item(), abs=1e-6)
+    # Truncated at (t=3, env 2): target = r + 0.9 * V(final_obs).
+    v_final = policy.value(batch["next_obs"][3, 2][None]).item()
+    assert base[3, 2].item() == pytest.approx(batch["rewards"][3, 2].item() + 0.9 * v_final, abs=1e-5)
+    moved = batch.clone()
+    moved["next_obs"][2, 0] += 5.0  # terminated row: must not matter
+    torch.testing.assert_close(targets_for(moved), base)
+    moved = batch.clone()
+    moved["next_obs"][3, 2] += 5.0  # truncated row: bootstraps, so targets up to t=3 in env 2 change
+    changed = (targets_for(moved) - base).abs() > 1e-6
+    assert changed[:4, 2].all() and not changed[4:, 2].any() and not changed[:, [0, 1, 3, 4, 5]].any()
+
+
+# ----- learner behaviour -----------------------------------------------------------------------------------------
+def test_train_moves_policy_toward_advantaged_actions():
+    # One step per episode (gamma = 0): the target is the reward -(a - 0.5)^2 summed, so the mean action should
+    # move from ~0 toward 0.5 in both dimensions, and the value loss fall across repeated batches.
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, PolicyConfig(hidden_sizes=[32, 32], init_log_std=0.0))
+    cfg = LearnerConfig(gamma=0.0, scale_rewards=False, lr=3e-3, num_epochs=4)
+    learner = Learner(policy, cfg, vtrace_fn=_torch_vtrace)
+    probe = torch.randn(256, 3)
+    mean_before = policy.act(probe, deterministic=True)[0].mean(0)
+    value_losses = []
+    for i in range(10):
+        batch = make_batch(policy, num_steps=16, num_envs=32, seed=i, version=learner.policy_version)
+        batch["rewards"] = -(batch["actions"] - 0.5).square().sum(-1)
+        metrics = learner.train(batch)
+        value_losses.append(metrics["value_loss"])
+        assert metrics["num_updates"] == 16 and metrics["nonfinite_skips"] == 0
+    mean_after = policy.act(probe, deterministic=True)[0].mean(0)
+    assert ((mean_after - 0.5).abs() < (mean_before - 0.5).abs() - 0.2).all(), (mean_before, mean_after)
+    assert value_losses[-1] < 0.5 * value_losses[0]
+    assert learner.policy_version == 10 and learner.env_steps == 10 * 16 * 32
+
+
+def test_nan_rewards_skip_updates_then_roll_back_with_lower_lr():
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    cfg = LearnerConfig(nonfinite_patience=3, nonfinite_lr_backoff=0.5, good_state_interval=2)
+    learner = Learner(policy, cfg, vtrace_fn=_torch_vtrace)
+    learner.train(make_batch(policy, seed=1))
+    good = params_of(policy)
+    bad = make_batch(policy, seed=2, version=learner.policy_version)
+    bad["rewards"][4, 1] = float("nan")
+    metrics = learner.train(bad)
+    # 3 skipped updates in a row -> rollback; the rest of the batch is dropped.
+    assert metrics["nonfinite_skips"] == 3 and metrics["rollbacks"] == 1 and metrics["num_updates"] == 0
+    assert metrics["lr"] == pytest.approx(0.5 * cfg.lr) and math.isnan(metrics["policy_loss"])
+    assert all(torch.equal(a, b) for a, b in zip(good, params_of(policy), strict=True))
+    # The reward scaler's statistics (poisoned by the NaN) were rolled back too, so training continues.
+    metrics = learner.train(make_batch(policy, seed=3, version=learner.policy_version))
+    assert metrics["num_updates"] == 8 and math.isfinite(metrics["policy_loss"]) and metrics["nonfinite_skips"] == 3
+    assert all(bool(torch.isfinite(p).all()) for p in policy.parameters())
+
+
+def test_nan_weights_are_rolled_back_to_last_good_state():
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    cfg = LearnerConfig(nonfinite_patience=3, good_state_interval=4)
+    learner = Learner(policy, cfg, vtrace_fn=_torch_vtrace)
+    for i in range(2):  # 16 good updates: the last-good copy is refreshed at update 16
+        learner.train(make_batch(policy, seed=i, version=learner.policy_version))
+    good = params_of(policy)
+    with torch.no_grad():
+        policy.actor[0].weight[0, 0] = float("nan")  # a NaN-producing fault inside the network
+    metrics = learner.train(make_batch(policy, seed=5, version=learner.policy_version))
+    assert metrics["rollbacks"] == 1 and metrics["nonfinite_skips"] == 3
+    assert all(torch.equal(a, b) for a, b in zip(good, params_of(policy), strict=True))
+    version = learner.policy_version
+    metrics = learner.train(make_batch(policy, seed=6, version=version))
+    assert (
+        metrics["num_updates"] == 8 and math.isfinite(metrics["value_loss"]) and learner.policy_version == version + 1
+    )
+    assert learner.current_lr() == pytest.approx(cfg.lr * cfg.nonfinite_lr_backoff)
+
+
+def test_stale_samples_are_masked_out_of_the_loss():
+    # Columns 0-2 are fresh (lag 0), columns 3-5 stale (lag 10 > max_policy_lag 5). Changing the stale columns'
+    # rewards must not change the update at all (V-trace runs per column; every loss term and the advantage
+    # normalisation use the mask).
+    def run(scale_stale: float):
+        torch.manual_seed(0)
+        policy = ActorCritic(OBS, CONT, SMALL)
+        learner = Learner(policy, LearnerConfig(max_policy_lag=5, scale_rewards=False), vtrace_fn=_torch_vtrace)
+        learner.policy_version = 10
+        batch = make_batch(policy, seed=1)
+        batch["policy_version"][:, :3] = 10
+        batch["rewards"][:, 3:] *= scale_stale
+        return learner.train(batch), params_of(policy)
+
+    metrics_a, params_a = run(1.0)
+    metrics_b, params_b = run(100.0)
+    assert metrics_a["masked_frac"] == pytest.approx(0.5)
+    assert all(torch.equal(a, b) for a, b in zip(params_a, params_b, strict=True))
+    assert metrics_a["policy_loss"] == metrics_b["policy_loss"]
+
+
+def test_state_dict_round_trip_continues_identically():
+    torch.manual_seed(0)
+    policy_a = ActorCritic(OBS, CONT, SMALL)
+    learner_a = Learner(policy_a, LearnerConfig(lr_schedule="kl_adaptive"), vtrace_fn=_torch_vtrace)
+    learner_a.train(make_batch(policy_a, seed=1))
+    policy_b = ActorCritic(OBS, CONT, SMALL)  # different init weights, different generator position
+    learner_b = Learner(policy_b, LearnerConfig(lr_schedule="kl_adaptive", seed=123), vtrace_fn=_torch_vtrace)
+    policy_b.load_state_dict(policy_a.state_dict())
+    learner_b.load_state_dict(learner_a.state_dict())
+    batch = make_batch(policy_a, seed=2, version=1)
+    metrics_a, metrics_b = learner_a.train(batch.clone()), learner_b.train(batch.clone())
+    assert all(torch.equal(a, b) for a, b in zip(params_of(policy_a), params_of(policy_b), strict=True))
+    assert metrics_a == metrics_b and learner_b.policy_version == 2
+
+
+def test_lr_schedules():
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    learner = Learner(policy, LearnerConfig(lr=1e-3, lr_schedule="linear"), total_env_steps=480,
+                      vtrace_fn=_torch_vtrace)  # fmt: skip
+    learner.train(make_batch(policy))  # 8 * 6 = 48 steps -> lr = 1e-3 * (1 - 48 / 480) = 9e-4
+    assert learner.current_lr() == pytest.approx(9e-4)
+    learner = Learner(policy, LearnerConfig(lr=1e-3, lr_schedule="kl_adaptive", kl_target=1e-9, num_epochs=4),
+                      vtrace_fn=_torch_vtrace)  # fmt: skip
+    metrics = learner.train(make_batch(policy))  # any update gives KL >> 2e-9 -> lr / 1.5
+    assert metrics["kl"] > 2e-9 and metrics["lr"] == pytest.approx(1e-3 / 1.5)
+    with pytest.raises(LearnerConfigError, match="total_env_steps"):
+        Learner(policy, LearnerConfig(lr_schedule="linear"))
+
+
+def test_bad_config_and_batch_are_rejected_with_a_fix():
+    policy = ActorCritic(OBS, CONT, SMALL)
+    with pytest.raises(LearnerConfigError, match="constant, linear or kl_adaptive"):
+        Learner(policy, LearnerConfig(lr_schedule="cosine"))
+    with pytest.raises(LearnerConfigError, match="num_minibatches"):
+        Learner(policy, LearnerConfig(num_minibatches=0))
+    learner = Learner(policy, vtrace_fn=_torch_vtrace)
+    batch = make_batch(policy)
+    del batch["next_obs"]
+    with pytest.raises(KeyError, match="next_obs"):
+        learner.train(batch)
+
+
+# ----- learning on the toy env ------------------------------------------------------------------------------------
+def collect(env, policy, obs, num_steps, version):
+    """Serial rollout of ``num_steps`` steps; returns (batch, next obs, finished episode returns)."""
+    keys = ("obs", "actions", "behavior_logp", "values", "rewards", "terminated", "truncated", "next_obs")
+    steps: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+    returns = []
+    for _ in range(num_steps):
+        actions, logp, values = policy.act(obs)
+        res = env.step(actions)
+        for key, value in zip(keys, (obs, actions, logp, values, res.reward, res.terminated, res.truncated,
+                                     res.info["final_obs"]), strict=True):  # fmt: skip
+            steps[key].append(value)
+        done = res.terminated | res.truncated
+        returns.append(res.info["episode_return"][done])
+        obs = res.obs
+    num_envs = obs.shape[0]
+    batch = TensorDict({k: torch.stack(v) for k, v in steps.items()}, batch_size=[num_steps, num_envs])
+    batch["policy_version"] = torch.full((num_steps, num_envs), version, dtype=torch.int64)
+    return batch, obs, torch.cat(returns)
+
+
+def deterministic_return(env, policy) -> float:
+    obs, _ = env.reset(seed=1234)
+    total = torch.zeros(env.num_envs)
+    for _ in range(env.max_episode_steps):
+        res = env.step(policy.act(obs, deterministic=True)[0])
+        total += res.reward
+        obs = res.obs
+    return float(total.mean())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["continuous", "discrete"])
+def test_learns_toy_env(kind):
+    # Random policies score 16 * (1 - 2/3) = 5.33 (continuous) and 16 / 4 = 4 (discrete) out of an optimal 16.
+    torch.manual_seed(0)
+    env = make("toy", 64, seed=0, kind=kind, terminate_on_miss=(kind == "discrete"))
+    policy = ActorCritic(env.observation_spec, env.action_spec, PolicyConfig(hidden_sizes=[64, 64]))
+    learner = Learner(policy, LearnerConfig(lr=1e-3))
+    start = time.perf_counter()
+    obs, _ = env.reset()
+    for _ in range(40):
+        batch, obs, _ = collect(env, policy, obs, 16, learner.policy_version)
+        learner.train(batch)
+    elapsed = time.perf_counter() - start
+    score = deterministic_return(env, policy)
+    threshold = 14.0
+    assert score > threshold, f"{kind}: deterministic return {score:.2f} after 40 iterations ({elapsed:.1f} s)"
+    assert elapsed < 60
