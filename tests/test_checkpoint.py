@@ -63,7 +63,7 @@ def test_crash_mid_write_leaves_previous_file(tmp_path, monkeypatch):
 def test_save_of_unpicklable_state_changes_nothing(tmp_path):
     mgr = CheckpointManager(tmp_path, keep_last=1)
     mgr.save(state_for(100), env_steps=100)
-    with pytest.raises(pickle.PicklingError):
+    with pytest.raises((pickle.PicklingError, AttributeError)):
         mgr.save({"bad": lambda: None}, env_steps=200)  # serialisation fails before any file is touched
     assert [p.name for p in mgr.checkpoints()] == ["ckpt_000000000100.pt"]
 
