@@ -67,8 +67,10 @@ class _Worker:
         self.error: str | None = None
 
     def step_slice(self) -> None:
-        # PERF: the per-env Python here (~3 µs: ctrl copy, call, ~5 row copies of <1 µs) is all the overhead beside
-        # ~145 µs of C physics per Ant step; views are prebuilt so no MjData attribute lookups happen per step.
+        # PERF: the per-env Python here is all the overhead beside ~145 µs of C physics per Ant step: measured
+        # ~1.5 µs per env (ctrl copy, loop, 5 row copies) with the physics calls stubbed out. The views are prebuilt
+        # so no MjData attribute lookups happen per step. (One copy of the MjData span holding all fields instead of
+        # one per field was measured slower: 22 KiB per Ant env against 1.3 KiB.)
         m, nstep, rne, first = self.model, self.frame_skip, self.need_rne, self.env_idx.start
         ctrl_src, copies = self.ctrl_src, self.copies
         for j, d in enumerate(self.datas):
@@ -221,6 +223,8 @@ class MujocoEnv(BatchedEnv):
         return self.task.observation(np, phys, self.opts, self.consts).astype(np.float32)
 
     def _reset(self, seed: int | None) -> tuple[torch.Tensor, dict[str, Any]]:
+        if self._broken:
+            raise EnvError(self._broken)
         if self._in_flight:  # a step sent but never received may still be running on the MjData we reset
             self._wait_workers()
         if seed is not None:

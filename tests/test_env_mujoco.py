@@ -275,6 +275,8 @@ def test_step_timeout_raises_and_env_still_closes():
         env.step(torch.zeros(8, 17))
     with pytest.raises(EnvError, match="step_timeout_s"):  # the env stays unusable, with the same explanation
         env.step(torch.zeros(8, 17))
+    with pytest.raises(EnvError, match="step_timeout_s"):
+        env.reset()
     env.close()
     assert len(_worker_threads()) == before
 
