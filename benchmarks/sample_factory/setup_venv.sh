@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds Sample Factory's own virtualenv at .venv-sf/ (repository root), for the `sample_factory` peer of
+# `python -m sample_fast.benchmark`. Sample Factory 2.1.1 pins numpy<2 and gymnasium<1, so it cannot share
+# sample_fast's .venv. Safe to rerun; does nothing when the venv already imports sample_factory.
+#   bash benchmarks/sample_factory/setup_venv.sh
+#   TORCH_SPEC="torch==2.13.0" PYTHON=python3.11 bash benchmarks/sample_factory/setup_venv.sh
+# Order matters (see docs/benchmark.md): torch first and pinned (the CPU wheel where there is no GPU; an unpinned
+# torch would pull a multi-GB CUDA build), then sample-factory (it brings gymnasium 0.29 and numpy 1.26), then
+# mujoco and imageio (gymnasium 0.29's Ant-v4 needs imageio at import).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}
+VENV=${SF_VENV:-.venv-sf}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+SF_SPEC=${SF_SPEC:-sample-factory==2.1.1}
+MUJOCO_SPEC=${MUJOCO_SPEC:-mujoco==4.0.0}
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sample_factory, sf_examples.mujoco, mujoco, torch' 2>/dev/null; then
+  echo "setup_venv: $VENV already has Sample Factory $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sample-factory"))')"
+  exit 0
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+# Keep the venv out of git without touching the project's .gitignore.
+printf '*\n' > "$VENV/.gitignore"
+VPY="$VENV/bin/python"
+"$VPY" -m pip install -q --upgrade pip
+echo "setup_venv: installing $TORCH_SPEC"
+"$VPY" -m pip install -q "$TORCH_SPEC"
+echo "setup_venv: installing $SF_SPEC"
+"$VPY" -m pip install -q "$SF_SPEC"
+echo "setup_venv: installing $MUJOCO_SPEC imageio"
+"$VPY" -m pip install -q "$MUJOCO_SPEC" imageio
+"$VPY" -c 'import importlib.metadata as m, sample_factory, sf_examples.mujoco.train_mujoco, mujoco, gymnasium, torch, numpy
+print("setup_venv: ok: sample-factory", m.version("sample-factory"), "torch", torch.__version__,
+      "gymnasium", gymnasium.__version__, "numpy", numpy.__version__, "mujoco", mujoco.__version__)'

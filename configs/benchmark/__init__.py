@@ -1,0 +1,1 @@
+"""Presets of the benchmark suite (``preset=<name>``); a package so Hydra's pkg:// search path finds it."""

@@ -1,0 +1,164 @@
+"""The benchmark suite's configuration schema (a Hydra structured config) and its validation.
+
+Owns ``BenchmarkConfig`` and ``resolve``, which rejects unknown stages, backends, envs and peers with the list of
+valid choices before anything is built. YAML files (``configs/benchmark.yaml`` and the presets in
+``configs/benchmark/preset/``) only set values of this schema.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+STAGES = ("env", "inference", "train")
+SUITE_BACKENDS = ("mujoco", "envpool", "mjx", "gymnasium", "toy")
+#: Peers measured in the same run, in report order. ``mujoco_rollout`` is the physical limit.
+PEER_NAMES = (
+    "mujoco_rollout",
+    "envpool_raw",
+    "gymnasium_sync",
+    "gymnasium_async",
+    "torchrl_collector",
+    "sample_factory",
+)
+ISOLATE_CHOICES = ("none", "mjx", "all")
+
+
+class BenchmarkConfigError(ValueError):
+    """A bad benchmark setting. The message lists the valid choices."""
+
+
+@dataclass
+class TrainStageConfig:
+    """End-to-end training stage: the Runner with an APPO learner."""
+
+    mode: str = "async"  #: Runner mode: async (sampler in a child process) or serial
+    rollout_len: int = 64  #: T of each trajectory slot
+    num_splits: int = 2  #: double-buffering groups; num_envs must be divisible by it (else 1 is used)
+    learner_threads: int = 0  #: torch threads of the learner; 0 = all cores
+    learner: dict[str, Any] = field(default_factory=dict)  #: LearnerConfig overrides, e.g. {num_epochs: 1}
+
+
+@dataclass
+class SampleFactoryConfig:
+    """The Sample Factory peer: its own virtualenv, its APPO on MuJoCo, a bounded number of env steps."""
+
+    venv: str = ".venv-sf"  #: built by benchmarks/sample_factory/setup_venv.sh (relative to the repository root)
+    num_workers: int = 0  #: rollout workers; 0 = all cores
+    num_envs_per_worker: int = 8
+    env_steps: int = 300_000  #: --train_for_env_steps (SF 2.1.1 ignores --train_for_seconds)
+    timeout_s: float = 300.0  #: the run is killed (with its children) after this
+
+
+@dataclass
+class BenchmarkConfig:
+    """Everything ``python -m sample_fast.benchmark`` measures and how. Every list is a sweep."""
+
+    #: Stages: env (env steps only), inference (the double-buffered Sampler with a policy), train (Runner + APPO).
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    #: sample_fast backends (sample_fast.envs.make); ones that do not import here are skipped with a line.
+    backends: list[str] = field(default_factory=lambda: ["mujoco", "envpool", "mjx", "gymnasium"])
+    #: Tasks (sample_fast.envs.TASKS, e.g. ant, halfcheetah, humanoid) or toy.
+    envs: list[str] = field(default_factory=lambda: ["ant"])
+    #: Total envs per case (the sampler splits them into num_splits groups).
+    num_envs: list[int] = field(default_factory=lambda: [64, 256, 1024])
+    #: Peers run in the same process tree for comparison; [] for none.
+    peers: list[str] = field(default_factory=lambda: list(PEER_NAMES))
+    repeats: int = 3  #: timed windows per case (median and spread are over these)
+    seconds_per_repeat: float = 3.0
+    warmup_s: float = 1.0  #: untimed seconds after the first (compiling) step
+    measure_timeout_s: float = 300.0  #: budget of one case, start-up and compilation included
+    #: Cases run in a child process with a hard timeout: none, mjx (MJX can hang in native code), all.
+    isolate: str = "mjx"
+    device: str = "auto"  #: where mjx and the policy run: auto (cuda when available), cpu, cuda
+    num_threads: int = 0  #: simulator threads (mujoco backend, envpool, mujoco_rollout); 0 = all cores
+    torch_threads: int = 1  #: torch intra-op threads for inference (1 is best when the simulator owns the cores)
+    policy_hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    #: Task options for every backend (e.g. {max_episode_steps: 1000}); see sample_fast.envs.tasks.
+    env_options: dict[str, Any] = field(default_factory=dict)
+    #: Per-backend options, e.g. {mjx: {solver_iterations: 1, ls_iterations: 4}}.
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    rollout_len: int = 64  #: inference stage: T of the Sampler's slots
+    num_splits: int = 2  #: inference stage: double-buffering groups
+    gymnasium_async_max_envs: int = 16  #: AsyncVectorEnv starts one process per env; larger sweeps skip it
+    train: TrainStageConfig = field(default_factory=TrainStageConfig)
+    sample_factory: SampleFactoryConfig = field(default_factory=SampleFactoryConfig)
+    seed: int = 0
+    #: Output folder; empty: benchmarks/results/<date>-<host>/. Gets results.json, results.md, results.png.
+    out_dir: str = ""
+    #: Base name of the three output files.
+    out_name: str = "results"
+    progress: bool = True  #: rich progress bar (off in tests)
+    title: str = "sample_fast benchmark"
+
+
+def _check_choices(what: str, values: list[Any], choices: tuple[str, ...] | list[str], hint: str = "") -> None:
+    bad = [v for v in values if v not in choices]
+    if bad:
+        extra = f" {hint}" if hint else ""
+        raise BenchmarkConfigError(f"unknown {what} {bad}; choose from: {', '.join(choices)}.{extra}")
+
+
+def known_envs() -> list[str]:
+    from sample_fast.envs import TASKS
+
+    return [*sorted(TASKS), "toy"]
+
+
+def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
+    """Validate ``cfg`` in place (raising BenchmarkConfigError with the valid choices) and fill derived values."""
+    for name in ("stages", "backends", "envs", "num_envs", "peers", "policy_hidden_sizes"):
+        value = getattr(cfg, name)
+        if isinstance(value, (str, int)):  # `envs=ant` on the command line instead of `envs=[ant]`
+            setattr(cfg, name, [value])
+    _check_choices("stage(s)", cfg.stages, STAGES)
+    _check_choices("backend(s)", cfg.backends, SUITE_BACKENDS)
+    _check_choices("env(s)", cfg.envs, known_envs())
+    _check_choices("peer(s)", cfg.peers, PEER_NAMES, "Use peers=[] to measure none.")
+    if cfg.isolate not in ISOLATE_CHOICES:
+        raise BenchmarkConfigError(f"isolate={cfg.isolate!r}; choose from: {', '.join(ISOLATE_CHOICES)}")
+    if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
+        raise BenchmarkConfigError(f"device={cfg.device!r}; choose from: auto, cpu, cuda, cuda:<index>")
+    if cfg.train.mode not in ("async", "serial"):
+        raise BenchmarkConfigError(f"train.mode={cfg.train.mode!r}; choose from: async, serial")
+    bad_n = [n for n in cfg.num_envs if not isinstance(n, int) or isinstance(n, bool) or n < 1]
+    if bad_n or not cfg.num_envs:
+        raise BenchmarkConfigError(f"num_envs must be a non-empty list of positive ints, got {cfg.num_envs}")
+    if not isinstance(cfg.repeats, int) or cfg.repeats < 1:
+        raise BenchmarkConfigError(f"repeats must be >= 1 (3 or more for a meaningful spread), got {cfg.repeats}")
+    for name in ("seconds_per_repeat", "measure_timeout_s"):
+        if not getattr(cfg, name) > 0:
+            raise BenchmarkConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    if cfg.warmup_s < 0:
+        raise BenchmarkConfigError(f"warmup_s must be >= 0, got {cfg.warmup_s}")
+    for name in ("rollout_len", "num_splits", "torch_threads"):
+        if getattr(cfg, name) < 1:
+            raise BenchmarkConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    unknown_opts = [b for b in cfg.backend_options if b not in SUITE_BACKENDS]
+    if unknown_opts:
+        raise BenchmarkConfigError(
+            f"backend_options has unknown backend(s) {unknown_opts}; choose from: {', '.join(SUITE_BACKENDS)}"
+        )
+    if not cfg.out_dir:
+        cfg.out_dir = os.path.join("benchmarks", "results", f"{time.strftime('%Y-%m-%d')}-{socket.gethostname()}")
+    return cfg
+
+
+def num_threads(cfg: BenchmarkConfig) -> int:
+    """Simulator threads: ``cfg.num_threads`` or every core this process may run on."""
+    if cfg.num_threads > 0:
+        return cfg.num_threads
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (``configs/benchmark.yaml`` builds on it)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="benchmark_schema", node=BenchmarkConfig)

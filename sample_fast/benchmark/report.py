@@ -1,0 +1,282 @@
+"""Report writing: machine information, ratios to the physical limit and the best peer, JSON, Markdown and PNG.
+
+Owns the result schema (``SCHEMA_VERSION``) and the three files a run leaves in ``out_dir``. Ratios are computed
+here, after every case has run, so each figure is compared with peers measured in the same run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+from typing import Any
+
+from .measure import format_rate
+
+SCHEMA_VERSION = 1
+#: The peer whose best figure (over num_envs) is the physical limit of an env.
+LIMIT_PEER = "mujoco_rollout"
+PACKAGES = (
+    "torch",
+    "numpy",
+    "mujoco",
+    "mujoco-mjx",
+    "jax",
+    "jaxlib",
+    "envpool",
+    "gymnasium",
+    "torchrl",
+    "tensordict",
+    "hydra-core",
+    "sample_fast",
+)
+RESULT_FIELDS = (
+    "stage",
+    "kind",
+    "name",
+    "env",
+    "num_envs",
+    "frame_skip",
+    "device",
+    "env_steps_per_s",
+    "physics_steps_per_s",
+    "ratio_to_limit",
+    "ratio_to_best_peer",
+    "notes",
+    "extra",
+)
+
+
+# ----- machine ----------------------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, core counts, memory, GPU, Python and package versions, git commit."""
+    versions = {}
+    for pkg in PACKAGES:
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    mem_gib = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem_gib = round(int(f.readline().split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_usable": usable,
+        "memory_gib": mem_gib,
+        "gpu": gpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "packages": versions,
+        "git_commit": _git_commit(),
+    }
+
+
+# ----- ratios -----------------------------------------------------------------------------------------------------
+def physical_limits(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per env: the best ``mujoco_rollout`` median over the num_envs sweep."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        if r["name"] == LIMIT_PEER and r["kind"] == "peer":
+            best = out.get(r["env"])
+            if best is None or r["env_steps_per_s"]["median"] > best["env_steps_per_s"]:
+                out[r["env"]] = {
+                    "env_steps_per_s": r["env_steps_per_s"]["median"],
+                    "num_envs": r["num_envs"],
+                    "source": LIMIT_PEER,
+                }
+    return out
+
+
+def best_peers(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per ``stage/env``: the best peer median (the limit itself excluded) over num_envs."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        if r["kind"] != "peer" or r["name"] == LIMIT_PEER:
+            continue
+        key = f"{r['stage']}/{r['env']}"
+        best = out.get(key)
+        if best is None or r["env_steps_per_s"]["median"] > best["env_steps_per_s"]:
+            out[key] = {"env_steps_per_s": r["env_steps_per_s"]["median"], "name": r["name"], "num_envs": r["num_envs"]}
+    return out
+
+
+def add_ratios(results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fill ``ratio_to_limit`` and ``ratio_to_best_peer`` of every result; return (limits, best peers)."""
+    limits, peers = physical_limits(results), best_peers(results)
+    for r in results:
+        median = r["env_steps_per_s"]["median"]
+        limit = limits.get(r["env"])
+        peer = peers.get(f"{r['stage']}/{r['env']}")
+        r["ratio_to_limit"] = median / limit["env_steps_per_s"] if limit else None
+        r["ratio_to_best_peer"] = median / peer["env_steps_per_s"] if peer else None
+    return limits, peers
+
+
+# ----- files ------------------------------------------------------------------------------------------------------
+def now_utc() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_json(report: dict[str, Any], path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}×"
+
+
+def result_row(r: dict[str, Any]) -> str:
+    s = r["env_steps_per_s"]
+    runner = r["name"] if r["kind"] == "sample_fast" else f"{r['name']} (peer)"
+    return (
+        f"| {r['stage']} | {runner} | {r['env']} | {r['num_envs']} | {format_rate(s['median'])} | "
+        f"{format_rate(s['min'])}–{format_rate(s['max'])} | {len(s['repeats'])} | {r['frame_skip']} | "
+        f"{format_rate(r['physics_steps_per_s'])} | {_ratio(r['ratio_to_limit'])} | "
+        f"{_ratio(r['ratio_to_best_peer'])} | {r.get('notes') or ''} |"
+    )
+
+
+def markdown(report: dict[str, Any]) -> str:
+    m, t = report["machine"], report["timing"]
+    lines = [
+        f"# {report['title']}",
+        "",
+        f"{report['created_utc']} on `{m['hostname']}`: {m['cpu_model']}, {m['cpu_usable']} usable cores"
+        + (f", GPU {m['gpu']}" if m.get("gpu") else "")
+        + f"; git {m.get('git_commit') or '?'}.",
+        f"Load average (1/5/15 min) before {report['load']['before']}, after {report['load']['after']}"
+        + (
+            " — **the machine was busy: treat absolute figures as a lower bound, trust the ratios more**"
+            if report["load"].get("busy")
+            else ""
+        )
+        + ".",
+        f"Each figure: median of {t['repeats']} windows of {t['seconds_per_repeat']:g} s after a "
+        f"{t['warmup_s']:g} s warm-up; spread is min–max. Env steps are agent actions; physics steps = env steps × "
+        f"frame_skip. ×limit: ratio to raw `mujoco.rollout` (best over num_envs); ×best peer: ratio to the best "
+        f"peer of the same stage and env.",
+        "",
+        "| stage | runner | env | num_envs | env steps/s | spread | n | frame_skip | physics steps/s | × limit | "
+        "× best peer | notes |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    lines += [result_row(r) for r in report["results"]]
+    if report["skipped"]:
+        lines += ["", "Skipped:", ""]
+        lines += [f"- {s['what']}: {s['reason']}" for s in report["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(report: dict[str, Any], path: str) -> None:
+    with open(path, "w") as f:
+        f.write(markdown(report))
+
+
+def write_plot(report: dict[str, Any], path: str) -> None:
+    """One row per env: throughput vs num_envs per runner (log-log), and each runner's best figure per stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    envs = list(dict.fromkeys(r["env"] for r in results)) or ["(none)"]
+    fig, axes = plt.subplots(len(envs), 2, figsize=(13, 4.5 * len(envs)), squeeze=False)
+    stages = ["env", "inference", "train"]
+    for row, env in enumerate(envs):
+        ax_sweep, ax_bars = axes[row]
+        rs = [r for r in results if r["env"] == env]
+        series: dict[tuple[str, str], list[tuple[int, float, float, float]]] = {}
+        for r in rs:
+            s = r["env_steps_per_s"]
+            series.setdefault((r["stage"], r["name"]), []).append((r["num_envs"], s["median"], s["min"], s["max"]))
+        for (stage, name), pts in sorted(series.items()):
+            pts.sort()
+            xs = [p[0] for p in pts]
+            ys = [p[1] for p in pts]
+            err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+            style = "--" if name == LIMIT_PEER else "-"
+            ax_sweep.errorbar(xs, ys, yerr=err, fmt="o" + style, capsize=3, label=f"{stage}: {name}")
+        ax_sweep.set_xscale("log", base=2)
+        ax_sweep.set_yscale("log")
+        ax_sweep.set_xlabel("num_envs")
+        ax_sweep.set_ylabel("env steps/s (median, min–max)")
+        ax_sweep.set_title(f"{env}: throughput vs num_envs")
+        ax_sweep.grid(True, which="both", alpha=0.3)
+        if series:
+            ax_sweep.legend(fontsize=7, ncol=2)
+        names = list(dict.fromkeys(r["name"] for r in rs))
+        width = 0.8 / max(len(names), 1)
+        for i, name in enumerate(names):
+            heights = []
+            for stage in stages:
+                vals = [r["env_steps_per_s"]["median"] for r in rs if r["name"] == name and r["stage"] == stage]
+                heights.append(max(vals) if vals else 0.0)
+            ax_bars.bar([k + i * width for k in range(len(stages))], heights, width, label=name)
+        ax_bars.set_xticks([k + 0.4 - width / 2 for k in range(len(stages))], stages)
+        ax_bars.set_ylabel("env steps/s (best over num_envs)")
+        ax_bars.set_title(f"{env}: stages")
+        ax_bars.grid(True, axis="y", alpha=0.3)
+        if names:
+            ax_bars.legend(fontsize=7)
+    fig.suptitle(f"{report['title']} — {report['machine']['cpu_model']}, {report['machine']['cpu_usable']} cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,307 @@
+"""The three measured stages of sample_fast itself, each through the public APIs a user would call.
+
+* ``env``: ``sample_fast.envs.make`` + ``env.step`` with pre-drawn random actions (simulation and adapter only).
+* ``inference``: the double-buffered ``Sampler`` acting with an ``ActorCritic`` (2x256) and writing trajectory
+  slots, which are released as soon as they are READY (everything but learning).
+* ``train``: the ``Runner`` with an APPO ``Learner``, end to end; rates come from its ``on_train`` hook.
+
+Owns only the wiring of those components for timing. Builders are module-level functions so the Runner can pickle
+them into its spawned sampler process. A stage whose component is missing raises ``Skip`` with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sample_fast.envs import TASKS, BatchedEnv, EnvError, make
+
+from .config import BenchmarkConfig, num_threads
+from .measure import CaseResult, MeasureTimeout, Skip, Timing, WindowRecorder, timed_windows
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: a stage of one runner (a sample_fast backend or a peer) on one env at one size."""
+
+    stage: str
+    kind: str  # "sample_fast" or "peer"
+    name: str  # backend or peer name
+    env: str
+    num_envs: int
+
+    def label(self) -> str:
+        return f"{self.stage} · {self.name} · {self.env} · {self.num_envs} envs"
+
+
+# ----- env construction -----------------------------------------------------------------------------------------
+def env_name_for(backend: str, env: str) -> str:
+    """The name ``make`` takes for ``env`` on ``backend`` (the gymnasium backend takes gymnasium ids)."""
+    if backend == "gymnasium":
+        return f"gymnasium:{TASKS[env].gymnasium_id}"
+    return env
+
+
+def compatible(backend: str, env: str) -> str | None:
+    """None if ``backend`` can run ``env``, else the reason it cannot."""
+    if (backend == "toy") != (env == "toy"):
+        return "the toy backend runs only the toy env (and the toy env only the toy backend)"
+    return None
+
+
+def resolve_device(cfg: BenchmarkConfig, backend: str) -> str:
+    """mjx (and toy) run on ``cfg.device``; the CPU simulators always on the CPU."""
+    if backend not in ("mjx", "toy"):
+        return "cpu"
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+def env_options(cfg: BenchmarkConfig, backend: str) -> dict[str, Any]:
+    opts = dict(cfg.env_options) if backend != "toy" else {}
+    opts.update(cfg.backend_options.get(backend, {}) or {})
+    if backend == "mujoco":
+        opts.setdefault("num_threads", num_threads(cfg))
+    return opts
+
+
+def build_env(backend: str, env: str, num_envs: int, device: str, seed: int, options: dict[str, Any]) -> BatchedEnv:
+    """Module-level (picklable through functools.partial) env builder used by every stage."""
+    try:
+        return make(env_name_for(backend, env), num_envs, backend=backend, device=device, seed=seed, **options)
+    except EnvError as e:
+        if "needs the package" in str(e):
+            raise Skip(str(e)) from None
+        raise
+
+
+def _env_fn(cfg: BenchmarkConfig, case: Case, num_envs: int) -> functools.partial:
+    device = resolve_device(cfg, case.name)
+    return functools.partial(build_env, case.name, case.env, num_envs, device, cfg.seed, env_options(cfg, case.name))
+
+
+def random_action_bank(env: BatchedEnv, k: int = 8, seed: int = 0) -> list[torch.Tensor]:
+    """``k`` batches of uniform random actions within the action spec, drawn once (drawing per step would be
+    part of the measurement)."""
+    spec, n = env.action_spec, env.num_envs
+    gen = torch.Generator().manual_seed(seed)
+    bank = []
+    for _ in range(k):
+        if spec.is_discrete:
+            a = torch.randint(0, int(spec.num_actions), (n, *spec.shape), generator=gen)
+        else:
+            low = spec.low if spec.low is not None else torch.full(spec.shape, -1.0)
+            high = spec.high if spec.high is not None else torch.full(spec.shape, 1.0)
+            u = torch.rand((n, *spec.shape), generator=gen)
+            a = low.cpu() + u * (high.cpu() - low.cpu())
+        bank.append(a.to(device=env.device, dtype=spec.dtype))
+    return bank
+
+
+def _timing(cfg: BenchmarkConfig) -> Timing:
+    return Timing(cfg.warmup_s, cfg.repeats, cfg.seconds_per_repeat, cfg.measure_timeout_s)
+
+
+# ----- stage: env ------------------------------------------------------------------------------------------------
+def measure_env(case: Case, cfg: BenchmarkConfig) -> CaseResult:
+    """env.step with random actions; ``num_envs`` env steps per call."""
+    t0 = time.perf_counter()
+    env = _env_fn(cfg, case, case.num_envs)()
+    try:
+        env.reset(seed=cfg.seed)
+        bank = random_action_bank(env, seed=cfg.seed)
+        state = {"i": 0, "last": None}
+
+        def step() -> int:
+            i = state["i"]
+            state["last"] = env.step(bank[i % len(bank)])
+            state["i"] = i + 1
+            return env.num_envs
+
+        def sync() -> None:
+            if state["last"] is not None:
+                float(state["last"].reward[0])  # SYNC: waits for the device (MJX dispatches asynchronously)
+
+        rates = timed_windows(step, sync, _timing(cfg), started_s=t0)
+        return CaseResult(rates, int(env.frame_skip), str(env.device), extra=_env_extra(env))
+    finally:
+        env.close()
+
+
+def _env_extra(env: BatchedEnv) -> dict[str, Any]:
+    extra: dict[str, Any] = {"obs_shape": list(env.observation_spec.shape)}
+    for attr in ("num_threads",):
+        if hasattr(env, attr):
+            extra[attr] = getattr(env, attr)
+    return extra
+
+
+# ----- stage: inference (the Sampler) -------------------------------------------------------------------------------
+def _import_policy() -> tuple[Any, Any]:
+    try:
+        from sample_fast.policy import ActorCritic, PolicyConfig
+    except ImportError as e:
+        raise Skip(f"sample_fast.policy is not available ({e})") from None
+    return ActorCritic, PolicyConfig
+
+
+def build_policy(observation_spec: Any, action_spec: Any, hidden_sizes: list[int], device: str) -> torch.nn.Module:
+    """Module-level policy builder (the Runner pickles it into the sampler process)."""
+    actor_critic, policy_config = _import_policy()
+    return actor_critic(observation_spec, action_spec, policy_config(hidden_sizes=list(hidden_sizes))).to(device)
+
+
+def _splits(num_envs: int, num_splits: int) -> int:
+    """``num_splits`` when it divides ``num_envs``, else 1 (the case is still measured, undivided)."""
+    return num_splits if num_envs % num_splits == 0 and num_envs >= num_splits else 1
+
+
+def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
+    """The serial-mode Sampler (double-buffered env groups + policy.act + slot writes), slots released at once."""
+    try:
+        from sample_fast.sampler import Sampler, SamplerConfig
+        from sample_fast.trajectory_store import TrajectoryStore
+    except ImportError as e:
+        raise Skip(f"the sampler is not available ({e})") from None
+    t0 = time.perf_counter()
+    num_splits = _splits(case.num_envs, cfg.num_splits)
+    per_split = case.num_envs // num_splits
+    scfg = SamplerConfig(
+        rollout_len=cfg.rollout_len,
+        num_splits=num_splits,
+        num_slots=2 * num_splits,
+        seed=cfg.seed,
+        inference_threads=cfg.torch_threads,
+    )
+    env_fn = _env_fn(cfg, case, per_split)
+    envs: list[BatchedEnv] = []
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.torch_threads)
+    sampler = None
+    try:
+        envs = [env_fn() for _ in range(num_splits)]
+        first = envs[0]
+        policy = build_policy(first.observation_spec, first.action_spec, cfg.policy_hidden_sizes, str(first.device))
+        store = TrajectoryStore(
+            first.observation_spec, first.action_spec, cfg.rollout_len, per_split, scfg.num_slots, device=first.device
+        )
+        sampler = Sampler(
+            envs, policy, store, scfg, version_fn=lambda: 0, split_seeds=[cfg.seed + i for i in range(num_splits)]
+        )
+        state = {"first": True}
+
+        def step() -> int:
+            sampler.advance(wait_s=0.0)
+            slot_idx = store.acquire_ready(timeout_s=0.0)
+            while slot_idx is not None:  # no learner: hand READY slots straight back
+                store.release(slot_idx)
+                slot_idx = store.acquire_ready(timeout_s=0.0)
+            if state["first"]:  # the first pass only sends; every later pass receives one step of every split
+                state["first"] = False
+                return 0
+            return case.num_envs
+
+        def sync() -> None:
+            if first.device.type == "cuda":
+                torch.cuda.synchronize(first.device)  # SYNC: charge the window for queued device work
+
+        rates = timed_windows(step, sync, _timing(cfg), started_s=t0)
+        extra = {"num_splits": num_splits, "rollout_len": cfg.rollout_len, "torch_threads": cfg.torch_threads}
+        return CaseResult(rates, int(first.frame_skip), str(first.device), extra=extra)
+    finally:
+        torch.set_num_threads(old_threads)
+        if sampler is not None:
+            sampler.close()
+        else:
+            for env in envs:
+                env.close()
+
+
+# ----- stage: train (the Runner) ----------------------------------------------------------------------------------
+def build_learner(policy: torch.nn.Module, device: str, overrides: dict[str, Any]) -> Any:
+    """Module-level learner builder: ``Learner(policy, LearnerConfig(**overrides), device)``."""
+    from sample_fast.learner import Learner, LearnerConfig
+
+    return Learner(policy, LearnerConfig(**overrides), device)
+
+
+class _RateHooks:
+    """RunnerHooks that time windows of ``on_train`` points and stop the run when enough are collected."""
+
+    def __init__(self, timing: Timing):
+        self.recorder = WindowRecorder(timing)
+        self.runner: Any = None
+        self.num_trains = 0
+
+    def on_train(self, env_steps: int, metrics: dict[str, float]) -> None:
+        self.num_trains += 1
+        self.recorder.add(time.perf_counter(), env_steps)
+        if self.recorder.done and self.runner is not None:
+            self.runner.request_stop()
+
+    def on_episodes(self, env_steps: int, returns: torch.Tensor, lengths: torch.Tensor) -> None:
+        pass
+
+    def on_stop(self, env_steps: int, reason: str) -> None:
+        pass
+
+
+def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
+    """Runner + Learner end to end; each window is env steps trained between two ``on_train`` calls."""
+    try:
+        import sample_fast.learner  # noqa: F401 -- fail here, not in the Runner, when the learner is missing
+        from sample_fast.runner import Runner
+        from sample_fast.sampler import SamplerConfig
+    except ImportError as e:
+        raise Skip(f"the runner or learner is not available ({e})") from None
+    tcfg = cfg.train
+    num_splits = _splits(case.num_envs, tcfg.num_splits)
+    env_fn = _env_fn(cfg, case, case.num_envs // num_splits)
+    probe = build_env(case.name, case.env, 1, resolve_device(cfg, case.name), cfg.seed, env_options(cfg, case.name))
+    try:
+        obs_spec, act_spec = probe.observation_spec, probe.action_spec
+        frame_skip, device = probe.frame_skip, probe.device
+    finally:
+        probe.close()
+    scfg = SamplerConfig(
+        rollout_len=tcfg.rollout_len,
+        num_splits=num_splits,
+        num_slots=2 * num_splits,
+        seed=cfg.seed,
+        inference_threads=cfg.torch_threads,
+        learner_threads=tcfg.learner_threads or (os.cpu_count() or 1),
+    )
+    timing = _timing(cfg)
+    hooks = _RateHooks(timing)
+    policy_fn = functools.partial(build_policy, obs_spec, act_spec, list(cfg.policy_hidden_sizes), str(device))
+    learner_fn = functools.partial(build_learner, device=str(device), overrides=dict(tcfg.learner))
+    old_threads = torch.get_num_threads()
+    try:
+        runner = Runner(env_fn, policy_fn, learner_fn, scfg, mode=tcfg.mode, hooks=hooks)
+        hooks.runner = runner
+        summary = runner.run(total_env_steps=2**62, time_limit_s=cfg.measure_timeout_s)
+    finally:
+        torch.set_num_threads(old_threads)
+    if not hooks.recorder.done:
+        got = len(hooks.recorder.rates)
+        raise MeasureTimeout(
+            f"collected {got}/{cfg.repeats} windows in {cfg.measure_timeout_s:g} s ({hooks.num_trains} train calls, "
+            f"{summary.get('env_steps', 0)} env steps); raise measure_timeout_s or lower seconds_per_repeat"
+        )
+    extra = {
+        "mode": tcfg.mode,
+        "num_splits": num_splits,
+        "rollout_len": tcfg.rollout_len,
+        "train_calls": hooks.num_trains,
+        "learner": dict(tcfg.learner),
+    }
+    return CaseResult(hooks.recorder.rates, int(frame_skip), str(device), extra=extra)
+
+
+STAGE_FUNCTIONS = {"env": measure_env, "inference": measure_inference, "train": measure_train}

@@ -1,0 +1,217 @@
+"""The suite: plans every case of a BenchmarkConfig, runs them with a progress bar, and writes the report.
+
+Owns the order of cases (per env: the physical limit first, then each stage's sample_fast backends and peers), the
+skip lines (missing package, incompatible combination, timeout, failure: never a crash of the whole run) and the
+choice of which cases run isolated in a child process with a hard timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import traceback
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from . import report as rep
+from .config import STAGES, BenchmarkConfig, resolve
+from .measure import CaseResult, Skip, format_rate, run_isolated, summarize
+from .peers import MEASURE, PEERS, check_available, fixed_num_envs
+from .stages import STAGE_FUNCTIONS, Case, compatible
+
+
+def plan(cfg: BenchmarkConfig) -> tuple[list[Case], list[dict[str, str]]]:
+    """Every case to measure, in run order, and the combinations skipped up front (with the reason)."""
+    cases: list[Case] = []
+    skipped: list[dict[str, str]] = []
+    peers_by_stage = {s: [p for p in cfg.peers if PEERS[p].stage == s] for s in STAGES}
+    for env in cfg.envs:
+        if "mujoco_rollout" in cfg.peers:
+            # The physical limit is measured whatever the stages, so every figure has its ratio.
+            if env == "toy":
+                skipped.append({"what": f"mujoco_rollout · {env}", "reason": "peers run MuJoCo tasks only"})
+            else:
+                cases += [Case("env", "peer", "mujoco_rollout", env, n) for n in cfg.num_envs]
+        for stage in cfg.stages:
+            for backend in cfg.backends:
+                reason = compatible(backend, env)
+                if reason:
+                    skipped.append({"what": f"{stage} · {backend} · {env}", "reason": reason})
+                    continue
+                cases += [Case(stage, "sample_fast", backend, env, n) for n in cfg.num_envs]
+            for peer in peers_by_stage[stage]:
+                if peer == "mujoco_rollout":
+                    continue
+                if env == "toy":
+                    skipped.append({"what": f"{peer} · {env}", "reason": "peers run MuJoCo tasks only"})
+                    continue
+                sizes = cfg.num_envs if PEERS[peer].sweeps else [fixed_num_envs(peer, cfg)]
+                cases += [Case(stage, "peer", peer, env, n) for n in sizes]
+    return cases, skipped
+
+
+def run_case(case: Case, cfg: BenchmarkConfig) -> CaseResult:
+    """Measure one case (module-level so ``run_isolated`` can run it in a child)."""
+    if case.kind == "peer":
+        check_available(PEERS[case.name])
+        return MEASURE[case.name](case.env, case.num_envs, cfg)
+    return STAGE_FUNCTIONS[case.stage](case, cfg)
+
+
+def _isolated(case: Case, cfg: BenchmarkConfig) -> bool:
+    return cfg.isolate == "all" or (cfg.isolate == "mjx" and case.kind == "sample_fast" and case.name == "mjx")
+
+
+def _options_note(case: Case, cfg: BenchmarkConfig) -> str:
+    """Rows whose physics or episode settings differ from the task's defaults say so."""
+    if case.kind != "sample_fast":
+        return ""
+    opts = {**(cfg.env_options if case.name != "toy" else {}), **(cfg.backend_options.get(case.name) or {})}
+    return "options: " + ", ".join(f"{k}={v}" for k, v in sorted(opts.items())) if opts else ""
+
+
+def _result_dict(case: Case, res: CaseResult, load_1min: float | None, cfg: BenchmarkConfig) -> dict[str, Any]:
+    stats = summarize(res.rates)
+    extra = dict(res.extra)
+    extra["load_1min_at_start"] = load_1min
+    notes = "; ".join(n for n in (_options_note(case, cfg), res.notes) if n)
+    return {
+        "stage": case.stage,
+        "kind": case.kind,
+        "name": case.name,
+        "env": case.env,
+        "num_envs": case.num_envs,
+        "frame_skip": res.frame_skip,
+        "device": res.device,
+        "env_steps_per_s": stats,
+        "physics_steps_per_s": stats["median"] * res.frame_skip,
+        "ratio_to_limit": None,
+        "ratio_to_best_peer": None,
+        "notes": notes,
+        "extra": extra,
+    }
+
+
+def _result_line(r: dict[str, Any], limits: dict[str, Any]) -> str:
+    s = r["env_steps_per_s"]
+    limit = limits.get(r["env"])
+    ratio = f", {s['median'] / limit['env_steps_per_s']:.2f}× limit" if limit and r["name"] != rep.LIMIT_PEER else ""
+    return (
+        f"{r['stage']} · {r['name']} · {r['env']} · {r['num_envs']} envs: {format_rate(s['median'])} env steps/s "
+        f"[{format_rate(s['min'])}–{format_rate(s['max'])}], {format_rate(r['physics_steps_per_s'])} physics "
+        f"steps/s (frame_skip {r['frame_skip']}){ratio}"
+    )
+
+
+def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool = True) -> dict[str, Any]:
+    """Run every planned case and (with ``write``) write ``<out_name>.{json,md,png}`` into ``cfg.out_dir``.
+
+    Returns the report dict (the JSON's content). Raises BenchmarkConfigError on bad settings before running.
+    """
+    cfg = resolve(cfg)
+    console = console or Console(soft_wrap=True)
+    t_start = time.monotonic()
+    load_before = rep.load_average()
+    machine = rep.machine_info()
+    cases, skipped = plan(cfg)
+    for s in skipped:
+        console.print(f"[yellow]skip[/] {s['what']}: {s['reason']}")
+    results: list[dict[str, Any]] = []
+
+    def log_skip(case: Case, reason: str) -> None:
+        skipped.append({"what": case.label(), "reason": reason})
+        console.print(f"[yellow]skip[/] {case.label()}: {reason}")
+
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not cfg.progress,
+        transient=True,
+    )
+    unavailable: dict[str, str] = {}  # a backend or peer that failed to import: skip its other sizes quickly
+    with progress:
+        task = progress.add_task("benchmark", total=len(cases))
+        for case in cases:
+            progress.update(task, description=case.label())
+            key = f"{case.kind}:{case.name}"
+            if key in unavailable:
+                log_skip(case, unavailable[key])
+                progress.advance(task)
+                continue
+            load_1min = (rep.load_average() or [None])[0]
+            try:
+                if _isolated(case, cfg):
+                    res = run_isolated(run_case, (case, cfg), cfg.measure_timeout_s + 60.0)
+                else:
+                    res = run_case(case, cfg)
+            except Skip as e:
+                reason = str(e)
+                if "install" in reason or "not available" in reason or "needs the package" in reason:
+                    unavailable[key] = reason
+                log_skip(case, reason)
+            except KeyboardInterrupt:
+                console.print("[red]interrupted[/]: writing the results measured so far")
+                break
+            except Exception as e:  # one failing case must not lose the others' figures
+                reason = f"failed: {type(e).__name__}: {str(e).strip()[:500]}"
+                log_skip(case, reason)
+                if os.environ.get("SAMPLE_FAST_BENCH_DEBUG"):
+                    console.print(traceback.format_exc())
+            else:
+                r = _result_dict(case, res, load_1min, cfg)
+                results.append(r)
+                console.print(_result_line(r, rep.physical_limits(results)))
+            progress.advance(task)
+    limits, peers = rep.add_ratios(results)
+    load_after = rep.load_average()
+    usable = machine["cpu_usable"] or 1
+    report = {
+        "schema_version": rep.SCHEMA_VERSION,
+        "title": cfg.title,
+        "created_utc": rep.now_utc(),
+        "wall_s": round(time.monotonic() - t_start, 2),
+        "machine": machine,
+        "load": {
+            "before": load_before,
+            "after": load_after,
+            "busy": bool(load_before and load_before[0] > 0.5 * usable),
+            "note": "1/5/15-min load averages; 'before' is other processes' load, as the suite had not started",
+        },
+        "timing": {
+            "repeats": cfg.repeats,
+            "seconds_per_repeat": cfg.seconds_per_repeat,
+            "warmup_s": cfg.warmup_s,
+            "measure_timeout_s": cfg.measure_timeout_s,
+        },
+        "config": dataclasses.asdict(cfg),
+        "results": results,
+        "skipped": skipped,
+        "physical_limit": limits,
+        "best_peer": peers,
+    }
+    if write:
+        paths = write_report(report, cfg.out_dir, cfg.out_name)
+        report["files"] = paths
+        console.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['png']}")
+    return report
+
+
+def write_report(report: dict[str, Any], out_dir: str, out_name: str = "results") -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {
+        "json": os.path.join(out_dir, f"{out_name}.json"),
+        "markdown": os.path.join(out_dir, f"{out_name}.md"),
+        "png": os.path.join(out_dir, f"{out_name}.png"),
+    }
+    report["files"] = paths
+    rep.write_json(report, paths["json"])
+    rep.write_markdown(report, paths["markdown"])
+    rep.write_plot(report, paths["png"])
+    return paths
