@@ -1,0 +1,323 @@
+"""Structured training configs: the schema behind ``configs/*.yaml`` and the one place sizes are derived.
+
+Owns the root ``TrainConfig`` (registered in Hydra's ConfigStore as ``train_schema``), the trainer's own sections
+(``EnvConfig``, ``RunConfig``, ``LogConfig``) and ``resolve()``, which fills every ``auto`` value for the machine it
+runs on (backend, device, mode, num_envs, threads) and rejects inconsistent settings with a ``ConfigError`` that says
+what to change -- before any process starts or any file is written. Component sections (``PolicyConfig``,
+``LearnerConfig``, ``SamplerConfig``) are defined by their components and only composed here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from .learner import LearnerConfig
+from .policy import PolicyConfig
+from .sampler import SamplerConfig
+
+__all__ = [
+    "ConfigError",
+    "EnvConfig",
+    "RunConfig",
+    "LogConfig",
+    "TrainConfig",
+    "resolve",
+    "to_train_config",
+    "batch_size",
+    "run_dir",
+    "cpu_cores",
+    "register_configs",
+]
+
+ALGOS = ("appo",)
+MODES = ("auto", "serial", "async")
+PROGRESS = ("auto", "rich", "plain", "off")
+
+
+class ConfigError(ValueError):
+    """An invalid or inconsistent training config. The message names the field and says what to change."""
+
+
+@dataclass
+class EnvConfig:
+    """Which environment, how many copies, and where it simulates."""
+
+    name: str = MISSING  #: a task (ant, halfcheetah, hopper, walker2d, humanoid), toy, or gymnasium:<id>
+    backend: str = "auto"  #: auto (mujoco on CPU, mjx with CUDA), mujoco, mjx, envpool, gymnasium, toy
+    device: str = "auto"  #: where env tensors live: auto (cuda for mjx when available, else cpu), cpu, cuda[:i]
+    num_envs: int = 0  #: parallel envs in total; 0 = fitted to the machine (see resolve)
+    num_threads: int = 0  #: simulator threads (mujoco backend); 0 = fitted to the cores
+    options: dict[str, Any] = field(default_factory=dict)  #: task options, e.g. {max_episode_steps: 500}
+
+
+@dataclass
+class RunConfig:
+    """One training run: its directory, length, mode, seed and checkpoints."""
+
+    name: str = "default"  #: run name; the run directory is runs/<env.name>/<name> unless run.dir is set
+    dir: str | None = None  #: run directory (overrides runs/<env>/<name>); resumes when it holds checkpoints
+    #: stop after this many env steps (agent actions, all envs together); a float so 1e6 works on the command line
+    total_env_steps: float = 10_000_000
+    time_limit_s: float | None = None  #: also stop after this many seconds of training (None: no limit)
+    mode: str = "auto"  #: auto (async on CPU, serial when the simulator is on the GPU), serial, async
+    seed: int = 0  #: seeds envs, policy init and the learner
+    device: str = "auto"  #: learner/policy device: auto (cuda when available), cpu, cuda[:i]
+    checkpoint_interval_s: float = 300.0  #: seconds between checkpoints (one is always written at the end)
+    keep_checkpoints: int = 3  #: newest checkpoints kept (the best one is kept besides)
+
+
+@dataclass
+class LogConfig:
+    """Terminal progress, TensorBoard, progress.csv and the learning-curve plot."""
+
+    progress: str = "auto"  #: auto (rich on a TTY, plain lines otherwise), rich, plain, off
+    interval_s: float = 5.0  #: seconds between progress rows (terminal line, CSV row, TensorBoard scalars)
+    return_window: int = 100  #: finished episodes averaged into episode_return_mean
+    tensorboard: bool = True  #: write TensorBoard event files under <run_dir>/tb
+    csv: bool = True  #: write <run_dir>/progress.csv
+    plot: bool = True  #: write <run_dir>/learning_curve.png at the end
+
+
+@dataclass
+class TrainConfig:
+    """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, logging."""
+
+    algo: str = "appo"  #: the algorithm (APPO with V-trace targets); the algo group sets learner/policy values
+    restart: bool = False  #: start over in an existing run dir (the old one is moved aside, never deleted)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    logging: LogConfig = field(default_factory=LogConfig)
+
+
+def register_configs() -> None:
+    """Register the schema so ``configs/train.yaml`` can list ``train_schema`` first in its defaults."""
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+register_configs()
+
+
+# ----- helpers ---------------------------------------------------------------------------------------------------
+def cpu_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """A composed DictConfig as the ``TrainConfig`` object (dataclass instances all the way down)."""
+    if isinstance(cfg, TrainConfig):
+        return cfg
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except (ValueError, TypeError) as e:  # a component's __post_init__ rejecting a value
+        raise ConfigError(str(e)) from e
+    if not isinstance(obj, TrainConfig):
+        raise ConfigError(f"expected a TrainConfig, got {type(obj).__name__}; compose with configs/train.yaml")
+    return obj
+
+
+def batch_size(cfg: TrainConfig) -> int:
+    """Env steps in one learner batch: rollout_len x the envs of one split (one TrajectoryStore slot)."""
+    return cfg.sampler.rollout_len * (cfg.env.num_envs // max(1, cfg.sampler.num_splits))
+
+
+def run_dir(cfg: TrainConfig) -> str:
+    """The run directory: ``run.dir`` if set, else ``runs/<env.name>/<run.name>`` (relative to the cwd)."""
+    if cfg.run.dir:
+        return os.path.abspath(os.path.expanduser(cfg.run.dir))
+    env_part = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.name)
+    return os.path.abspath(os.path.join("runs", env_part, cfg.run.name))
+
+
+def _round_up(n: int, k: int) -> int:
+    return int(math.ceil(n / k) * k)
+
+
+def _check_device(key: str, value: str, cuda: bool) -> None:
+    if value == "auto":
+        return
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"{key}={value!r} is not a device; use auto, cpu or cuda[:index]") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{key}={value!r}: only cpu and cuda are supported; use auto, cpu or cuda[:index]")
+    if dev.type == "cuda" and not cuda:
+        raise ConfigError(f"{key}={value!r} but torch sees no CUDA device; use {key}=cpu (or auto)")
+
+
+def _positive(key: str, value: Any, allow_zero: bool = False, integer: bool = True) -> None:
+    kind = int if integer else (int, float)
+    ok = isinstance(value, kind) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        what = "a non-negative" if allow_zero else "a positive"
+        extra = " (0 = fitted to the machine)" if allow_zero else ""
+        raise ConfigError(f"{key}={value!r} must be {what} {'int' if integer else 'number'}{extra}")
+
+
+def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
+    """Validate name/backend/options without building an env; return (backend, device) resolved."""
+    from .envs import BACKENDS, TASKS, EnvError, resolve_backend
+
+    known = ", ".join([*sorted(TASKS), "toy", "gymnasium:<id>"])
+    if not env.name or env.name == MISSING:
+        raise ConfigError(f"env.name is not set; pick a preset with env=<name> ({known})")
+    if env.name not in TASKS and env.name != "toy" and not env.name.startswith("gymnasium:"):
+        raise ConfigError(f"env.name={env.name!r} is unknown; use env=<preset> or env.name=<name> with one of: {known}")
+    if env.backend not in (*BACKENDS, "auto"):
+        raise ConfigError(f"env.backend={env.backend!r} is unknown; choose one of: auto, {', '.join(BACKENDS)}")
+    _check_device("env.device", env.device, cuda)
+    if env.device == "auto":
+        device = "cuda" if (cuda and env.backend in ("auto", "mjx") and env.name in TASKS) else "cpu"
+    else:
+        device = env.device
+    try:
+        backend = resolve_backend(env.name, env.backend, torch.device(device))
+    except EnvError as e:
+        raise ConfigError(f"env.backend: {e}") from None
+    if backend == "mjx" and env.device == "auto" and not cuda:
+        device = "cpu"
+    options = dict(env.options)
+    if env.name in TASKS:
+        from .envs.tasks import COMMON_OPTIONS
+
+        extra = {"num_threads": None, "step_timeout_s": None} if backend == "mujoco" else {}
+        valid = {**COMMON_OPTIONS, **TASKS[env.name].options, **extra}
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ConfigError(
+                f"env.options has unknown key(s) {unknown} for env {env.name!r}; valid: {', '.join(sorted(valid))}"
+            )
+    elif env.name == "toy":
+        from .envs.toy import DEFAULT_OPTIONS
+
+        unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
+        if unknown:
+            raise ConfigError(
+                f"env.options has unknown key(s) {unknown} for env 'toy'; valid: {', '.join(sorted(DEFAULT_OPTIONS))}"
+            )
+    return backend, device
+
+
+# ----- resolve ---------------------------------------------------------------------------------------------------
+def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: bool | None = None) -> TrainConfig:
+    """Check ``cfg`` and return a copy with every ``auto``/0 value fitted to this machine.
+
+    Raises ``ConfigError`` (naming the field and the fix) on any invalid or inconsistent setting. It starts no
+    process and writes no file. ``num_cores``/``cuda`` default to this machine (tests pass others).
+
+    Derived values:
+      * env.backend/env.device: mujoco on the CPU, mjx on CUDA (``sample_fast.envs.resolve_backend``).
+      * run.mode: serial when the simulator runs on the GPU (sim, inference and learning share the device), async
+        otherwise (the sampler process simulates while the learner trains).
+      * env.num_envs: 4096 on the GPU; on the CPU 64 per core (enough for each mujoco thread to amortise the
+        Python overhead of a step), rounded up to a multiple of sampler.num_splits.
+      * env.num_threads: every core; sampler.learner_threads: half the cores (torch's thread pool slows down
+        many-fold when it competes with the simulator threads for cores).
+      * learner.seed and sampler.seed (when null) follow run.seed.
+    """
+    cfg = to_train_config(cfg)
+    cfg = dataclasses.replace(
+        cfg,
+        env=dataclasses.replace(cfg.env, options=dict(cfg.env.options)),
+        run=dataclasses.replace(cfg.run),
+        sampler=dataclasses.replace(cfg.sampler),
+        learner=dataclasses.replace(cfg.learner),
+        policy=dataclasses.replace(cfg.policy),
+        logging=dataclasses.replace(cfg.logging),
+    )
+    num_cores = cpu_cores() if num_cores is None else num_cores
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    env, run, sampler, log = cfg.env, cfg.run, cfg.sampler, cfg.logging
+
+    if cfg.algo not in ALGOS:
+        raise ConfigError(f"algo={cfg.algo!r} is unknown; choose one of: {', '.join(ALGOS)}")
+    backend, env_device = _check_env(env, cuda)
+    env.backend, env.device = backend, env_device
+
+    # run section
+    steps = run.total_env_steps
+    if isinstance(steps, bool) or not isinstance(steps, (int, float)) or not (steps >= 1 and float(steps).is_integer()):
+        raise ConfigError(f"run.total_env_steps={steps!r} must be a positive whole number of env steps, e.g. 1e6")
+    run.total_env_steps = int(steps)
+    if run.time_limit_s is not None and not run.time_limit_s > 0:
+        raise ConfigError(f"run.time_limit_s={run.time_limit_s!r} must be > 0 seconds, or null for no limit")
+    if run.mode not in MODES:
+        raise ConfigError(f"run.mode={run.mode!r} is unknown; choose one of: {', '.join(MODES)}")
+    if not run.name or "/" in run.name:
+        raise ConfigError(f"run.name={run.name!r} must be a non-empty name without '/'; use run.dir for a path")
+    _check_device("run.device", run.device, cuda)
+    if run.device == "auto":
+        run.device = "cuda" if cuda else "cpu"
+    if not run.checkpoint_interval_s > 0:
+        raise ConfigError(f"run.checkpoint_interval_s={run.checkpoint_interval_s!r} must be > 0 seconds")
+    _positive("run.keep_checkpoints", run.keep_checkpoints)
+    sim_on_gpu = torch.device(env.device).type == "cuda"
+    if run.mode == "auto":
+        run.mode = "serial" if sim_on_gpu else "async"
+
+    # sampler and sizes
+    _positive("sampler.rollout_len", sampler.rollout_len)
+    _positive("sampler.num_splits", sampler.num_splits)
+    _positive("env.num_envs", env.num_envs, allow_zero=True)
+    _positive("env.num_threads", env.num_threads, allow_zero=True)
+    if env.num_envs == 0:
+        env.num_envs = 4096 if sim_on_gpu else _round_up(64 * num_cores, sampler.num_splits)
+    if env.num_envs % sampler.num_splits:
+        raise ConfigError(
+            f"env.num_envs={env.num_envs} must be divisible by sampler.num_splits={sampler.num_splits}; "
+            f"try env.num_envs={_round_up(env.num_envs, sampler.num_splits)}"
+        )
+    if env.num_threads == 0:
+        env.num_threads = max(1, min(num_cores, env.num_envs))
+    if sampler.learner_threads == 0:
+        # Half the cores: torch's OpenMP pool degrades badly when it shares cores with the simulator threads (or
+        # other jobs). Measured on the 2-core box under load: the toy run took 67 s with 2 threads, 3 s with 1.
+        sampler.learner_threads = max(1, num_cores // 2)
+    if sampler.seed is None:
+        sampler.seed = run.seed  # split i resets with seed + i
+
+    # learner sizes
+    learner = cfg.learner
+    batch = batch_size(cfg)
+    num_minibatches = learner.num_minibatches
+    _positive("learner.num_minibatches", num_minibatches)
+    if batch % num_minibatches:
+        divisors = [d for d in range(1, min(batch, 64) + 1) if batch % d == 0]
+        near = min(divisors, key=lambda d: abs(d - num_minibatches))
+        raise ConfigError(
+            f"learner.num_minibatches={num_minibatches} must divide the batch of {batch} env steps "
+            f"(sampler.rollout_len={sampler.rollout_len} x env.num_envs/sampler.num_splits="
+            f"{env.num_envs // sampler.num_splits}); try learner.num_minibatches={near}"
+        )
+    learner.seed = run.seed  # run.seed seeds everything
+    for section in ("policy", "learner", "sampler"):
+        validate = getattr(getattr(cfg, section), "validate", None)
+        if validate is not None:
+            try:
+                validate()
+            except ValueError as e:  # the component's own check; its message names the field
+                raise ConfigError(f"{section}: {e} (set it with {section}.<field>=...)") from None
+
+    # logging
+    if log.progress not in PROGRESS:
+        raise ConfigError(f"logging.progress={log.progress!r} is unknown; choose one of: {', '.join(PROGRESS)}")
+    if not log.interval_s > 0:
+        raise ConfigError(f"logging.interval_s={log.interval_s!r} must be > 0 seconds")
+    _positive("logging.return_window", log.return_window)
+    return cfg
