@@ -1,0 +1,355 @@
+"""The ``mjx`` backend: N copies of a MuJoCo task stepped by MJX as one jitted JAX program, handed to torch by DLPack.
+
+Owns: the MJX model on the JAX device, the batched ``mjx.Data`` plus per-env PRNG keys and episode counters (one
+pytree, donated to every step), and the two compiled programs (``reset`` and ``step``). The whole env step --
+``frame_skip`` physics steps, ``rne_postconstraint`` when the task reads ``cfrc_ext``, observation, reward,
+termination, time limit, non-finite guard and same-step auto-reset -- is ONE ``jit(vmap(...))`` call, so on a GPU a
+step is one dispatch. Task semantics come from ``envs.tasks`` (written once for numpy and jax.numpy); the MjModel
+comes from ``envs.physics.build_model`` so model options mean the same here and on the ``mujoco`` backend.
+Deviations from MuJoCo C / gymnasium are listed in ``MJX_DEVIATIONS`` and ``env.deviations``; see docs/mjx.md.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import mujoco
+import numpy as np
+import torch
+from mujoco import mjx
+
+from . import physics, tasks
+from .base import BatchedEnv, EnvError, Spec, StepResult
+
+#: Backend options (accepted by ``make(..., backend="mjx", **options)``) with their defaults.
+MJX_OPTIONS: dict[str, Any] = {
+    "precision": "float32",  # "float64" needs jax_enable_x64 set before the env is made
+    "solver": None,  # None: the model's own, except PGS -> "newton" (MJX has no PGS); or "cg" / "newton"
+    "compilation_cache_dir": None,  # a directory: turn on JAX's persistent compilation cache (process-wide)
+    "xla_opt_level": None,  # None: XLA's default; 0 compiles ~30% faster on CPU (tests use it)
+}
+
+MJX_DEVIATIONS = """\
+* Physics runs in float32 (MuJoCo C and gymnasium use float64); trajectories drift apart after tens of steps.
+* MJX has no PGS solver: humanoid.xml's solver="PGS" becomes Newton (MuJoCo's default), recorded in env.deviations.
+* Collision and constraint code are MJX's own (same contact model, different implementation and iteration order).
+* Reset noise comes from jax.random (per-env keys derived from the seed), not numpy.
+"""
+
+_SOLVERS = {"newton": mujoco.mjtSolver.mjSOL_NEWTON, "cg": mujoco.mjtSolver.mjSOL_CG}
+
+
+class EnvState(NamedTuple):
+    """Everything that changes between steps, batched ``[N, ...]``. Donated to each step (buffers are reused)."""
+
+    data: Any  # mjx.Data, batched
+    keys: jax.Array  # [N, 2] uint32 PRNG keys, one stream per env
+    ep_return: jax.Array  # [N] float, running undiscounted return
+    ep_length: jax.Array  # [N] int32, steps in the current episode
+
+
+class StepOut(NamedTuple):
+    obs: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_obs: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+    physics_reset: jax.Array
+
+
+def _impl_field(d: Any, name: str) -> Any:
+    """Fields MJX moved under ``Data._impl`` (cfrc_ext, cinert) in recent versions; read without the warning."""
+    impl = getattr(d, "_impl", None)
+    if impl is not None and hasattr(impl, name):
+        return getattr(impl, name)
+    return getattr(d, name)
+
+
+def _physics(d: Any, fields: tuple[str, ...]) -> tasks.Physics:
+    """The ``Physics`` record of one env (inside vmap), filling only the fields the task reads."""
+    get = {
+        "cfrc_ext": lambda: _impl_field(d, "cfrc_ext"),
+        "cinert": lambda: _impl_field(d, "cinert"),
+    }
+    vals = {f: (get[f]() if f in get else getattr(d, f)) for f in fields}
+    return tasks.Physics(**{"qpos": d.qpos, "qvel": d.qvel, **vals})
+
+
+def jax_device_for(device: torch.device) -> Any:
+    """The JAX device matching a torch device: ``cuda:k`` -> JAX GPU k, ``cpu`` -> the JAX CPU device."""
+    if device.type == "cpu":
+        return jax.devices("cpu")[0]
+    if device.type == "cuda":
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError as e:
+            raise EnvError(
+                f"device {device} needs a CUDA build of jax, which found no GPU ({e}); "
+                "install with: pip install 'jax[cuda12]', or use device='cpu'"
+            ) from None
+        idx = device.index or 0
+        if idx >= len(gpus):
+            raise EnvError(f"device {device}: JAX sees only {len(gpus)} GPU(s); use cuda:0..cuda:{len(gpus) - 1}")
+        return gpus[idx]
+    raise EnvError(f"backend 'mjx' runs on 'cpu' or 'cuda' devices, not {device}")
+
+
+class MjxEnv(BatchedEnv):
+    """MJX backend. See the module docstring; build with ``sample_fast.envs.make(name, n, backend="mjx")``.
+
+    Attributes beyond ``BatchedEnv``: ``compile_s`` (seconds spent compiling reset + step, once per instance),
+    ``deviations`` (model changes made for MJX), ``options`` (resolved task + backend options), ``mj_model`` (the
+    MjModel actually simulated), ``jax_device``.
+    """
+
+    backend = "mjx"
+
+    def __init__(self, name: str, num_envs: int, device: torch.device | str = "cpu", seed: int = 0, **options: Any):
+        if name not in tasks.TASKS:
+            raise EnvError(f"backend 'mjx' runs the MuJoCo tasks {sorted(tasks.TASKS)}, not {name!r}")
+        self.name = name
+        self.num_envs = int(num_envs)
+        self.device = torch.device(device)
+        self.task = task = tasks.TASKS[name]
+        self.options = opts = tasks.resolve_options(task, options, MJX_OPTIONS)
+        self.jax_device = jax_device_for(self.device)
+        self.dtype = self._resolve_precision(opts["precision"])
+        if opts["compilation_cache_dir"]:
+            jax.config.update("jax_compilation_cache_dir", str(opts["compilation_cache_dir"]))
+
+        self.mj_model = model = physics.build_model(task, opts)
+        self.deviations = self._adapt_model(model, opts["solver"])
+        self.consts = physics.model_consts(model)
+        self.frame_skip = int(opts["frame_skip"])
+        self.dt = float(model.opt.timestep) * self.frame_skip
+        self.max_episode_steps = opts["max_episode_steps"]
+        self.observation_spec = Spec(shape=(task.obs_size(self.consts, opts),), dtype=torch.float32)
+        lo, hi = model.actuator_ctrlrange.T
+        self.action_spec = Spec(
+            shape=(model.nu,),
+            dtype=torch.float32,
+            low=torch.as_tensor(lo, dtype=torch.float32),
+            high=torch.as_tensor(hi, dtype=torch.float32),
+        )
+        try:
+            self._mx = self._cast(mjx.put_model(model, device=self.jax_device))
+        except NotImplementedError as e:
+            raise EnvError(f"task {name!r} uses a MuJoCo feature MJX does not implement: {e}") from e
+        self._body_mass = np.asarray(self.consts.body_mass)
+        self._seed = int(seed)
+        self._state: EnvState | None = None
+        self._out: StepOut | None = None
+        self._build_programs()
+
+    # ----- set-up ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _resolve_precision(precision: str) -> Any:
+        if precision == "float32":
+            return jnp.float32
+        if precision == "float64":
+            if not jax.config.jax_enable_x64:
+                raise EnvError(
+                    "precision='float64' needs 64-bit JAX: set JAX_ENABLE_X64=1 in the environment (or call "
+                    "jax.config.update('jax_enable_x64', True)) before making the env, or use precision='float32'"
+                )
+            return jnp.float64
+        raise EnvError(f"precision must be 'float32' or 'float64', got {precision!r}")
+
+    @staticmethod
+    def _adapt_model(model: mujoco.MjModel, solver: str | None) -> list[str]:
+        """Replace MuJoCo features MJX lacks, returning one line per change (also listed in docs/mjx.md)."""
+        changes = []
+        if solver is not None:
+            if solver not in _SOLVERS:
+                raise EnvError(f"solver must be one of {sorted(_SOLVERS)} or None, got {solver!r}")
+            model.opt.solver = _SOLVERS[solver]
+        elif model.opt.solver == mujoco.mjtSolver.mjSOL_PGS:
+            model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+            changes.append("solver PGS -> Newton (MJX implements only CG and Newton)")
+        return changes
+
+    def _cast(self, tree: Any) -> Any:
+        """Cast floating leaves to the env's precision (a no-op in float32 without x64)."""
+
+        def cast(x: Any) -> Any:
+            if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.dtype:
+                return x.astype(self.dtype)
+            return x
+
+        return jax.tree_util.tree_map(cast, tree)
+
+    def _build_programs(self) -> None:
+        """Trace and compile reset and step once for this instance; ``compile_s`` records the time."""
+        task, opts, frame_skip, dt, dtype = self.task, self.options, self.frame_skip, self.dt, self.dtype
+        consts = self.consts._replace(body_mass=jnp.asarray(self._body_mass, dtype=dtype))
+        fields = task.fields
+        needs_rne = "cfrc_ext" in fields
+        noise_scale = float(opts["reset_noise_scale"])
+        normal_qvel = task.reset_noise == "uniform_normal"
+        max_steps = opts["max_episode_steps"]
+        zero_cfrc = jnp.zeros((self.consts.nbody, 6), dtype)
+        kinematics_only = set(fields) <= {"qpos", "qvel", "xpos", "xipos", "cfrc_ext"}
+
+        def reset_one(mx: Any, key: jax.Array) -> tuple[Any, jax.Array]:
+            # Gymnasium: qpos = init_qpos + U(-s, s); qvel = init_qvel + s*N(0,1) (ant, cheetah) or U(-s, s).
+            kq, kv = jax.random.split(key)
+            qpos = mx.qpos0 + jax.random.uniform(kq, (mx.nq,), dtype, -noise_scale, noise_scale)
+            if normal_qvel:
+                qvel = noise_scale * jax.random.normal(kv, (mx.nv,), dtype)
+            else:
+                qvel = jax.random.uniform(kv, (mx.nv,), dtype, -noise_scale, noise_scale)
+            d = self._cast(mjx.make_data(mx)).replace(qpos=qpos, qvel=qvel)
+            # PERF: mjx.step begins with a full forward pass, so a reset only needs what the first observation and
+            # position read: kinematics (xpos, xipos) for most tasks, which compiles ~10x faster than mjx.forward.
+            d = mjx.kinematics(mx, d) if kinematics_only else mjx.forward(mx, d)
+            if needs_rne:
+                # Gymnasium's reset calls only mj_forward, so cfrc_ext is zero in the first observation.
+                d = d.tree_replace({"_impl.cfrc_ext": zero_cfrc}) if hasattr(d, "_impl") else d
+            return d, task.observation(jnp, _physics(d, fields), opts, consts).astype(jnp.float32)
+
+        def physics_step(mx: Any, d: Any, action: jax.Array) -> Any:
+            d = d.replace(ctrl=action.astype(dtype))
+            # PERF: fori_loop keeps one copy of mjx.step in the program (an unrolled loop compiles frame_skip copies).
+            d = jax.lax.fori_loop(0, frame_skip, lambda _, dd: mjx.step(mx, dd), d)
+            if needs_rne:
+                d = mjx.rne_postconstraint(mx, d)  # gymnasium calls mj_rnePostConstraint after every env step
+            return d
+
+        def step_one(mx: Any, d: Any, action: jax.Array) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
+            pos_before = task.position(jnp, _physics(d, fields), opts, consts)
+            d = physics_step(mx, d, action)
+            p = _physics(d, fields)
+            velocity = (task.position(jnp, p, opts, consts) - pos_before) / dt
+            reward, healthy = task.reward(jnp, p, opts, consts, action.astype(dtype), velocity)
+            terminated = tasks.is_terminated(jnp, healthy, opts)
+            obs = task.observation(jnp, p, opts, consts)
+            finite = jnp.all(jnp.isfinite(d.qpos)) & jnp.all(jnp.isfinite(d.qvel)) & jnp.all(jnp.isfinite(obs))
+            finite = finite & jnp.isfinite(reward)
+            return d, obs.astype(jnp.float32), reward.astype(jnp.float32), terminated, finite
+
+        def where_rows(mask: jax.Array, a: Any, b: Any) -> Any:
+            def pick(x: jax.Array, y: jax.Array) -> jax.Array:
+                return jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, y)
+
+            return jax.tree_util.tree_map(pick, a, b)
+
+        def reset_all(mx: Any, keys: jax.Array) -> tuple[EnvState, jax.Array]:
+            keys, sub = _split_keys(keys)
+            data, obs = jax.vmap(reset_one, in_axes=(None, 0))(mx, sub)
+            n = keys.shape[0]
+            state = EnvState(data, keys, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32))
+            return state, obs
+
+        def step_all(state: EnvState, mx: Any, actions: jax.Array) -> tuple[EnvState, StepOut]:
+            data, obs, reward, terminated, finite = jax.vmap(step_one, in_axes=(None, 0, 0))(mx, state.data, actions)
+            bad = ~finite
+            reward = jnp.where(bad, 0.0, reward)
+            obs = jnp.where(bad[:, None], 0.0, obs)  # observations never carry NaN; final_obs row is zeros
+            terminated = terminated | bad
+            ep_length = state.ep_length + 1
+            truncated = ep_length >= max_steps if max_steps is not None else jnp.zeros_like(terminated)
+            done = terminated | truncated
+            ep_return = state.ep_return + reward
+            keys, sub = _split_keys(state.keys)
+
+            def with_reset(_: None) -> tuple[Any, jax.Array]:
+                fresh, fresh_obs = jax.vmap(reset_one, in_axes=(None, 0))(mx, sub)
+                return where_rows(done, fresh, data), jnp.where(done[:, None], fresh_obs, obs)
+
+            # PERF: the reset branch (one mj_forward per env) runs only when some env ended its episode.
+            new_data, next_obs = jax.lax.cond(jnp.any(done), with_reset, lambda _: (data, obs), None)
+            out = StepOut(
+                obs=next_obs,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                final_obs=obs,
+                episode_return=jnp.where(done, ep_return, 0.0),
+                episode_length=jnp.where(done, ep_length, 0),
+                physics_reset=bad,
+            )
+            new_state = EnvState(new_data, keys, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length))
+            return new_state, out
+
+        level = opts["xla_opt_level"]
+        compiler_options = None if level is None else {"xla_backend_optimization_level": int(level)}
+        t0 = time.perf_counter()
+        keys = jax.device_put(_seed_keys(self._seed, self.num_envs), self.jax_device)
+        self._reset_fn = jax.jit(reset_all).lower(self._mx, keys).compile(compiler_options)
+        state, _ = self._reset_fn(self._mx, keys)
+        actions = jax.device_put(jnp.zeros((self.num_envs, self.consts.nu), jnp.float32), self.jax_device)
+        # Donating the state lets XLA write the next state into the same buffers (no per-step allocation).
+        self._step_fn = jax.jit(step_all, donate_argnums=(0,)).lower(state, self._mx, actions).compile(compiler_options)
+        self.compile_s = time.perf_counter() - t0
+        self._state = state
+
+    # ----- BatchedEnv hooks --------------------------------------------------------------------------------
+    def _reset(self, seed: int | None) -> tuple[torch.Tensor, dict[str, Any]]:
+        if seed is not None:
+            self._seed = int(seed)
+            keys = jax.device_put(_seed_keys(self._seed, self.num_envs), self.jax_device)
+        else:
+            keys = self._state.keys
+        self._state, obs = self._reset_fn(self._mx, keys)
+        jax.block_until_ready(obs)  # SYNC: reset is rare; hand torch a finished buffer
+        return _to_torch(obs), {}
+
+    def _send(self, actions: torch.Tensor) -> None:
+        # The clone decouples the step from the caller's buffer: with async dispatch the step may still be
+        # reading the actions when send() returns, and callers reuse action buffers.
+        jax_actions = jax.dlpack.from_dlpack(actions.detach().contiguous().clone())
+        if jax_actions.devices() != {self.jax_device}:
+            jax_actions = jax.device_put(jax_actions, self.jax_device)
+        # PERF: JAX async dispatch: this returns as soon as the step is enqueued.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            self._state, self._out = self._step_fn(self._state, self._mx, jax_actions)
+
+    def _recv(self, actions: torch.Tensor) -> StepResult:
+        out, self._out = self._out, None
+        jax.block_until_ready(out)  # SYNC: the one wait per step
+        info = {
+            "final_obs": _to_torch(out.final_obs),
+            "episode_return": _to_torch(out.episode_return),
+            "episode_length": _to_torch(out.episode_length).to(torch.int64),
+            "physics_reset": _to_torch(out.physics_reset),
+        }
+        return StepResult(
+            _to_torch(out.obs), _to_torch(out.reward), _to_torch(out.terminated), _to_torch(out.truncated), info
+        )
+
+    def _close(self) -> None:
+        self._state = None
+        self._out = None
+
+    def physics_state(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(qpos [N, nq], qvel [N, nv])`` of every env now, in the env's precision (copies; for tests/debugging)."""
+        d = self._state.data
+        return torch.from_dlpack(jnp.array(d.qpos)), torch.from_dlpack(jnp.array(d.qvel))
+
+    # ----- test hook --------------------------------------------------------------------------------------
+    def _poison_physics(self, env_idx: int) -> None:
+        """Test hook: set env ``env_idx``'s qvel to NaN, as a diverged simulation would."""
+        d = self._state.data
+        self._state = self._state._replace(data=d.replace(qvel=d.qvel.at[env_idx].set(jnp.nan)))
+
+
+def _seed_keys(seed: int, num_envs: int) -> jax.Array:
+    return jax.random.split(jax.random.PRNGKey(seed), num_envs)
+
+
+def _split_keys(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Advance every env's key; returns (next keys, keys to use now), both ``[N, 2]``."""
+    both = jax.vmap(jax.random.split)(keys)
+    return both[:, 0], both[:, 1]
+
+
+def _to_torch(x: jax.Array) -> torch.Tensor:
+    """Zero-copy view of a JAX array as a torch tensor on the same device (DLPack)."""
+    return torch.from_dlpack(x)
