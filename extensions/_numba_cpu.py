@@ -10,9 +10,13 @@ row by row; the inner loop over the chunk's columns is unit-stride and vectorise
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
-from numba import njit, prange, uint64
+from llvmlite import ir
+from numba import njit, prange, types, uint64
+from numba.extending import intrinsic, overload
 
 # PERF: columns per parallel work item. 1024 float32 columns x 7 arrays ~ 28 KiB per row, so the row t+1 a chunk
 # just wrote is still in L1/L2 when row t reads it. 256..4096 measured within noise at T=64, B=8192.
@@ -20,6 +24,106 @@ CHUNK_COLUMNS = 1024
 # PERF: below this many elements one thread finishes before a second one wakes up (and on a loaded machine a
 # parallel region waits for a descheduled worker: 20x slower measured with both cores busy); run serially.
 MIN_PARALLEL_ELEMENTS = 1 << 16
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A vectorisable exp. PERF: numba calls libm's scalar exp (no SVML in this numba build), ~3.4 ns per element and
+# a call that keeps LLVM from vectorising the loop around it. This branch-free version (Cody-Waite reduction,
+# Taylor polynomial, exponent built from bits) vectorises in a loop of its own: 0.38 ms vs 1.7 ms for 512k float32
+# exps on one core. Accuracy: <= 1.2 ulp against np.exp (tested); overflow gives inf, underflow 0, NaN stays NaN.
+
+
+@intrinsic
+def _bits_to_float32(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def _bits_to_float64(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+def _exp_float32(x):
+    hi = np.float32(88.72283)  # ln(FLT_MAX)
+    lo = np.float32(-104.0)  # below ln(smallest subnormal): exp is 0
+    inside = x >= lo and x <= hi
+    xs = x if inside else np.float32(0.0)  # out-of-range (and NaN) lanes compute exp(0) and are replaced below
+    n = np.floor(xs * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = xs - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)  # ln 2 split (Cephes): n * hi is exact
+    p = np.float32(1.0 / 5040.0)  # Taylor to r^7: |r| <= 0.35, truncation error 5e-9 relative
+    p = p * r + np.float32(1.0 / 720.0)
+    p = p * r + np.float32(1.0 / 120.0)
+    p = p * r + np.float32(1.0 / 24.0)
+    p = p * r + np.float32(1.0 / 6.0)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    # 2^n as 2^(n//2) * 2^(n - n//2): both halves are normal floats for every n in range (-150..128), so the
+    # largest results do not overflow early and subnormal results round once, in the last multiply.
+    k = np.int32(n)
+    half = k >> np.int32(1)
+    scale_a = _bits_to_float32((half + np.int32(127)) << np.int32(23))
+    scale_b = _bits_to_float32((k - half + np.int32(127)) << np.int32(23))
+    out = p * scale_a * scale_b
+    out = out if inside else (np.float32(np.inf) if x > hi else np.float32(0.0))
+    return x if x != x else out
+
+
+def _exp_float64(x):
+    hi = 709.782712893384  # ln(DBL_MAX)
+    lo = -746.0  # below ln(smallest subnormal): exp is 0
+    inside = x >= lo and x <= hi
+    xs = x if inside else 0.0
+    n = np.floor(xs * 1.4426950408889634 + 0.5)
+    r = xs - n * 6.93147180369123816490e-01 - n * 1.90821492927058770002e-10  # ln 2 split (fdlibm)
+    p = 1.0 / 6227020800.0  # Taylor to r^13: |r| <= 0.35, truncation error 4e-18 relative
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    k = np.int64(n)
+    half = k >> np.int64(1)
+    scale_a = _bits_to_float64((half + np.int64(1023)) << np.int64(52))
+    scale_b = _bits_to_float64((k - half + np.int64(1023)) << np.int64(52))
+    out = p * scale_a * scale_b
+    out = out if inside else (np.inf if x > hi else 0.0)
+    return x if x != x else out
+
+
+def fast_exp(x):
+    """exp for numba-jitted code (float32 or float64 in, same out); see the comment above."""
+    return math.exp(x)
+
+
+@overload(fast_exp)
+def _fast_exp_overload(x):
+    if x == types.float32:
+        return _exp_float32
+    if x == types.float64:
+        return _exp_float64
+    return None
+
+
+@njit(cache=True)
+def fast_exp_array(x, out):
+    """``out[i] = fast_exp(x[i])`` over 1-D arrays: the testable face of ``fast_exp``."""
+    for i in range(x.shape[0]):
+        out[i] = fast_exp(x[i])
 
 
 @njit(cache=True, inline="always")
@@ -58,6 +162,19 @@ def _gae_block(
 
 
 @njit(cache=True, inline="always")
+def _vtrace_step(ratio, reward, value, next_value, carried, gamma, lam, rho_clip, c_clip):
+    """One V-trace element: returns ``(pg_adv_t, vs_t - V_t)`` given ``carried = (1 - done_t) (vs_{t+1} - V_{t+1})``."""
+    rho = rho_clip if ratio > rho_clip else ratio
+    c = lam * (c_clip if ratio > c_clip else ratio)
+    delta = reward + gamma * next_value - value
+    # next_vs = vs_{t+1} = V_{t+1} + (vs_{t+1} - V_{t+1}) inside an episode, next_value at a boundary or at T-1
+    # (carried is 0 there): the same sum, in the same order, as the reference's vs[t + 1], so bit-identical.
+    next_vs = next_value + carried
+    pg_adv = rho * (reward + gamma * next_vs - value)
+    return pg_adv, rho * delta + gamma * c * carried
+
+
+@njit(cache=True, inline="always")
 def _vtrace_block(
     behavior_logp,
     target_logp,
@@ -77,31 +194,41 @@ def _vtrace_block(
     b0,
     b1,
 ):
+    # Same shape as _gae_block (unconditional loads, selects). PERF: the importance ratios of a row go through
+    # fast_exp in a loop of their own into an L1-sized buffer: inlined into the main loop, the vectoriser gave up
+    # on it (2x slower than libm exp); split, the kernel is 2x faster than with libm (1.8 vs 3.5 ms, T=64,
+    # B=8192, one core). vs_minus_v[b] carries vs_{t+1} - V_{t+1} of column b from one row to the next.
     num_steps = rewards.shape[0]
     zero = gamma - gamma
-    for t in range(num_steps - 1, -1, -1):
-        last = t == num_steps - 1
-        row_after = t if last else t + 1  # a valid row to load from at T-1; its values are then discarded
+    t = num_steps - 1
+    ratios = np.empty(b1 - b0, dtype=rewards.dtype)
+    for b in range(b0, b1):
+        ratios[b - b0] = fast_exp(target_logp[t, b] - behavior_logp[t, b])
+    for b in range(b0, b1):
+        next_value = truncation_values[t, b] if truncated[t, b] else bootstrap_value[b]
+        next_value = zero if terminated[t, b] else next_value
+        value = values[t, b]
+        pg, x = _vtrace_step(ratios[b - b0], rewards[t, b], value, next_value, zero, gamma, lam, rho_clip, c_clip)
+        pg_adv[t, b] = pg
+        vs_minus_v[b] = x
+        vs[t, b] = value + x
+    for t in range(num_steps - 2, -1, -1):
+        for b in range(b0, b1):
+            ratios[b - b0] = fast_exp(target_logp[t, b] - behavior_logp[t, b])
         for b in range(b0, b1):
             is_terminated = terminated[t, b]
             is_truncated = truncated[t, b]
-            is_done = is_terminated or is_truncated
             truncation_value = truncation_values[t, b]
-            value_after = bootstrap_value[b] if last else values[row_after, b]
-            vs_after = vs[row_after, b]
+            value_after = values[t + 1, b]
+            carried_after = vs_minus_v[b]
             next_value = truncation_value if is_truncated else value_after
             next_value = zero if is_terminated else next_value
-            # vs_minus_v[b] holds vs_{t+1} - V_{t+1} of this column (0 at T-1: set by the caller).
-            carried = zero if is_done else vs_minus_v[b]
-            next_vs = next_value if (is_done or last) else vs_after
-            ratio = np.exp(target_logp[t, b] - behavior_logp[t, b])
-            rho = rho_clip if ratio > rho_clip else ratio
-            c = lam * (c_clip if ratio > c_clip else ratio)
+            carried = zero if (is_terminated or is_truncated) else carried_after
             value = values[t, b]
-            reward = rewards[t, b]
-            delta = reward + gamma * next_value - value
-            pg_adv[t, b] = rho * (reward + gamma * next_vs - value)
-            x = rho * delta + gamma * c * carried
+            pg, x = _vtrace_step(
+                ratios[b - b0], rewards[t, b], value, next_value, carried, gamma, lam, rho_clip, c_clip
+            )
+            pg_adv[t, b] = pg
             vs_minus_v[b] = x
             vs[t, b] = value + x
 
@@ -236,7 +363,7 @@ def vtrace_numba(
 ) -> None:
     """Write V-trace policy-gradient advantages and ``vs`` targets into ``pg_adv``/``vs``; see ``gae_numba``."""
     scalar = rewards.dtype.type
-    vs_minus_v = np.zeros(rewards.shape[1], dtype=rewards.dtype)  # vs_T - V_T = 0
+    vs_minus_v = np.empty(rewards.shape[1], dtype=rewards.dtype)  # scratch: vs_{t+1} - V_{t+1} per column
     kernel = _vtrace_parallel if _use_parallel(rewards.size, num_threads) else _vtrace_serial
     kernel(
         behavior_logp,
