@@ -30,6 +30,7 @@ from sample_fast.procs import (
     CTRL_SAMPLER_WAIT_S,
     CTRL_STOP,
     new_control,
+    pid_alive,
     read_text,
     register_stack_dump,
     set_parent_death_signal,
@@ -79,13 +80,13 @@ def _sampler_main(
 ) -> None:
     """Entry point of the async sampler process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the runner, which stops us through ``control``
-    set_parent_death_signal(signal.SIGTERM)  # a kill -9 of the runner takes us down too
+    set_parent_death_signal(signal.SIGTERM)  # our OS parent's death (runner, or forkserver) takes us down too
     dump_handle = register_stack_dump(dump_path)  # the runner sends SIGUSR1 when our heartbeat stops
     torch.set_num_threads(cfg.inference_threads)
     torch.manual_seed(torch_seed)
     envs, sampler = [], None
     try:
-        if os.getppid() != parent_pid:
+        if not pid_alive(parent_pid):
             return  # the runner died before the death signal was armed
         envs = build_split_envs(env_fn, cfg.num_splits)
         policy = policy_fn()
@@ -100,8 +101,14 @@ def _sampler_main(
             split_seeds=split_seeds,
         )
         control[CTRL_SAMPLER_READY] = 1.0
-        while control[CTRL_STOP] == 0 and os.getppid() == parent_pid:
+        next_parent_check_s = 0.0
+        while control[CTRL_STOP] == 0:
             sampler.advance(wait_s=cfg.poll_s)
+            now = time.monotonic()
+            if now >= next_parent_check_s:  # the runner (not necessarily our OS parent: forkserver) still there?
+                if not pid_alive(parent_pid):
+                    break
+                next_parent_check_s = now + 0.5
     except BaseException:
         try:
             err_conn.send(traceback.format_exc()[-30000:])
@@ -311,10 +318,10 @@ class Runner:
             learner_wait_s=self._learner_wait_s,
             sampler_wait_s=self._sampler_stat(CTRL_SAMPLER_WAIT_S),
         )
-        self.hooks.on_train(self.env_steps, metrics)
+        self._hook("on_train", self.env_steps, metrics)
         returns, lengths = self.episodes.drain()
         if returns.numel():
-            self.hooks.on_episodes(self.env_steps, returns, lengths)
+            self._hook("on_episodes", self.env_steps, returns, lengths)
         if self.mode == "async":
             self._check_sampler()
 
@@ -337,14 +344,20 @@ class Runner:
     def _check_sampler(self) -> None:
         """Raise SamplerError if the sampler process reported an error, died, or stopped sending heartbeats."""
         proc = self.process
+        closed = False
         if self._err_conn.poll():
-            raise SamplerError(f"the sampler process raised an exception; its traceback:\n{self._recv_error()}")
-        if not proc.is_alive():
+            tb = self._recv_error()
+            if tb:
+                raise SamplerError(f"the sampler process raised an exception; its traceback:\n{tb}")
+            closed = True  # EOF: the child closed its end, i.e. it is exiting
+        if closed or not proc.is_alive():
+            proc.join(timeout=2.0)
             code = proc.exitcode
             how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-            tb = self._recv_error() if self._err_conn.poll(0.5) else ""
-            detail = f"; its traceback:\n{tb}" if tb else " (no traceback: killed, or crashed in native code)"
-            raise SamplerError(f"the sampler process (pid {proc.pid}) died with {how}{detail}")
+            raise SamplerError(
+                f"the sampler process (pid {proc.pid}) died with {how} (no traceback: killed, or crashed in native "
+                "code; a kill -9 by the OOM killer shows in `dmesg`)"
+            )
         if self.control[CTRL_SAMPLER_READY] == 0:
             waited = time.monotonic() - self._sampler_started_s
             if waited > self.cfg.startup_timeout_s:
@@ -378,9 +391,14 @@ class Runner:
         raise SamplerError(f"the sampler process (pid {pid}) {what}; its stacks:\n{dump}")
 
     # ----- stop -----------------------------------------------------------------------------------------------
+    def _hook(self, name: str, *args: Any) -> None:
+        fn = getattr(self.hooks, name, None)  # every hook is optional
+        if fn is not None:
+            fn(*args)
+
     def _stop_hook(self, reason: str, raising: bool) -> None:
         try:
-            self.hooks.on_stop(self.env_steps, reason)
+            self._hook("on_stop", self.env_steps, reason)
         except Exception:
             if raising:
                 raise

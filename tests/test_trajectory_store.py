@@ -124,7 +124,7 @@ def _child_writes(store: TrajectoryStore, done) -> None:
 
 @pytest.mark.timeout(60)
 def test_child_process_writes_slot_parent_reads_exact_values():
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")  # shares test_runner's forkserver when run together (fast)
     store = _store(shared=True, ctx=ctx)
     done = ctx.Event()
     proc = ctx.Process(target=_child_writes, args=(store, done))

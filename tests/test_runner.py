@@ -1,0 +1,278 @@
+"""Runner: serial and async batches, policy lag, hooks, and the lifecycle guarantees (dead, failing and stalled
+sampler processes; SIGTERM; no orphaned process and no shared-memory segment left behind).
+
+Process start-up with spawn costs ~2-6 s here, so each async test starts exactly one sampler process.
+"""
+
+import functools
+import gc
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from sample_fast.envs.toy import ToyEnv
+from test_sampler import VersionPolicy, check_batch, toy_env
+
+from sample_fast.procs import pid_alive, shm_entries
+from sample_fast.runner import Runner, SamplerError
+from sample_fast.sampler import SamplerConfig
+
+OUR_SHM_PREFIXES = ("sem.mp-", "torch_", "psm_")
+multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "sample_fast.runner", "test_runner"])
+
+
+class CheckingLearner:
+    """Learner stand-in: checks every batch independently, then "updates" to the next version's weights."""
+
+    def __init__(self, policy: VersionPolicy, delay_s: float = 0.0) -> None:
+        self.policy, self.delay_s = policy, delay_s
+        self.policy_version = 0
+        self.lags: list[torch.Tensor] = []
+        self.policy.set_version(0)
+
+    def train(self, batch) -> dict[str, float]:
+        assert batch.batch_size == torch.Size([8, 6])
+        check_batch(batch)  # continuity, terminated/truncated, version-encoding actions (see test_sampler)
+        self.lags.append(self.policy_version - batch["policy_version"])
+        self.policy_version += 1
+        self.policy.set_version(self.policy_version)
+        time.sleep(self.delay_s)
+        return {"batch_steps": float(batch.numel())}
+
+
+class RecordingHooks:
+    def __init__(self) -> None:
+        self.trains, self.episodes, self.stops = [], [], []
+        self.runner = None
+        self.on_train_extra = None
+        self.alive_at_stop = None
+
+    def on_train(self, env_steps, metrics):
+        self.trains.append((env_steps, metrics))
+        if self.on_train_extra is not None:
+            self.on_train_extra(self, env_steps)
+
+    def on_episodes(self, env_steps, returns, lengths):
+        self.episodes.append((returns.clone(), lengths.clone()))
+
+    def on_stop(self, env_steps, reason):
+        self.stops.append((env_steps, reason))
+        proc = self.runner.process
+        self.alive_at_stop = proc is not None and proc.is_alive()
+
+
+class FailingToy(ToyEnv):
+    """Toy env that raises (or hangs) at its ``fail_at``-th step."""
+
+    def __init__(self, num_envs: int, fail_at: int, how: str) -> None:
+        super().__init__("toy", num_envs, terminate_on_miss=True, miss_threshold=0.5, max_episode_steps=8)
+        self.fail_at, self.how, self.num_steps = fail_at, how, 0
+
+    def _step(self, actions):
+        self.num_steps += 1
+        if self.num_steps == self.fail_at:
+            if self.how == "raise":
+                raise RuntimeError(f"boom at step {self.num_steps}")
+            time.sleep(120)  # a hung simulator
+        return super()._step(actions)
+
+
+def _cfg(**kw) -> SamplerConfig:
+    # forkserver with torch and these test modules preloaded: after the first start, a sampler process starts in
+    # ~0.2 s instead of a fresh spawn's several seconds. The SIGTERM test's runner uses spawn, the default.
+    base = dict(
+        rollout_len=8,
+        num_splits=2,
+        num_slots=4,
+        seed=0,
+        poll_s=0.05,
+        shutdown_timeout_s=5.0,
+        mp_start_method="forkserver",
+    )
+    base.update(kw)
+    return SamplerConfig(**base)
+
+
+def _runner(mode: str, env_fn=None, delay_s: float = 0.0, **cfg_kw) -> tuple[Runner, RecordingHooks]:
+    hooks = RecordingHooks()
+    env_fn = env_fn or functools.partial(toy_env, 6)
+    runner = Runner(env_fn, VersionPolicy, functools.partial(CheckingLearner, delay_s=delay_s), _cfg(**cfg_kw),
+                    mode=mode, hooks=hooks)  # fmt: skip
+    hooks.runner = runner
+    return runner, hooks
+
+
+def _mapped_shm() -> set[str]:
+    """/dev/shm names some live process has mapped (in use by someone, so not leaked)."""
+    names = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                names.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line)
+        except (OSError, IndexError):
+            pass
+    return names
+
+
+def _new_shm(before: set[str]) -> set[str]:
+    """Entries created since ``before`` that nobody maps: leaked. Concurrent, unrelated test runs create and use
+    their own entries meanwhile; those are mapped by their (live) owners and are not counted."""
+    gc.collect()
+    for _ in range(20):
+        new = {n for n in shm_entries() - before if n.startswith(OUR_SHM_PREFIXES)} - _mapped_shm()
+        if not new:
+            return new
+        time.sleep(0.1)
+    return new
+
+
+def _check_run(runner, hooks, summary, total, start=0):
+    assert summary["reason"] == "total_env_steps" and summary["env_steps"] == runner.env_steps
+    steps = [s for s, _ in hooks.trains]
+    assert steps == list(range(start + 48, summary["env_steps"] + 1, 48))  # one slot = 8 steps x 6 envs
+    assert summary["env_steps"] >= total and runner.learner.policy_version == len(steps)
+    for (_, metrics), lag in zip(hooks.trains, runner.learner.lags, strict=True):
+        # the runner's lag metrics agree with the learner's own count, computed from the batch independently
+        assert metrics["policy_lag_min"] == lag.min().item() and metrics["policy_lag_max"] == lag.max().item()
+        assert metrics["policy_lag_mean"] == pytest.approx(lag.double().mean().item())
+        assert metrics["batch_steps"] == 48.0 and metrics["fps"] > 0
+    returns = torch.cat([r for r, _ in hooks.episodes])
+    lengths = torch.cat([n for _, n in hooks.episodes])
+    assert returns.numel() > 10 and 1 <= lengths.min() and lengths.max() <= 8
+    assert (returns <= lengths.float() + 1e-5).all()  # reward <= 1 per step
+    assert hooks.stops == [(summary["env_steps"], "total_env_steps")]
+
+
+@pytest.mark.timeout(60)
+def test_serial_runner_trains_on_correct_batches():
+    runner, hooks = _runner("serial")
+    summary = runner.run(total_env_steps=480, start_env_steps=0)
+    _check_run(runner, hooks, summary, 480)
+    lags = torch.stack(runner.learner.lags)  # [num_trains, T, B]
+    # Serial with 2 splits, slots trained in pairs A, B: steps 1..T-1 of a round act with the weights after both
+    # trains of the previous round -> lag 0 (A) and 1 (B). Step 0 was acted (and sent) before those two trains,
+    # right when the previous slot ended -> lag 2 (A) and 3 (B).
+    assert torch.equal(lags[2::2, 1:], torch.zeros_like(lags[2::2, 1:]))
+    assert torch.equal(lags[3::2, 1:], torch.ones_like(lags[3::2, 1:]))
+    assert (lags[2::2, 0] == 2).all() and (lags[3::2, 0] == 3).all()
+
+
+@pytest.mark.timeout(90)
+def test_async_runner_trains_on_correct_batches_and_leaves_nothing_behind():
+    before = shm_entries()
+    runner, hooks = _runner("async", delay_s=0.01)
+    summary = runner.run(total_env_steps=48 * 30, start_env_steps=96)
+    _check_run(runner, hooks, summary, 48 * 30, start=96)
+    assert hooks.alive_at_stop  # on_stop ran before shutdown: the trainer can still checkpoint with a live sampler
+    lags = torch.cat([lag.flatten() for lag in runner.learner.lags])
+    assert lags.min() >= 0 and lags.max() > 0  # the sampler really ran ahead of the learner, and versions say so
+    child_pid = hooks.trains and runner.process
+    assert runner.process is None and child_pid is None  # joined and closed
+    del runner, hooks
+    assert _new_shm(before) == set()
+
+
+@pytest.mark.timeout(90)
+def test_killed_sampler_is_detected_within_seconds():
+    runner, hooks = _runner("async")
+    killed = {}
+
+    def kill_on_second_train(h, env_steps):
+        if len(h.trains) == 2:
+            killed["pid"] = h.runner.process.pid
+            killed["t"] = time.monotonic()
+            os.kill(killed["pid"], signal.SIGKILL)
+
+    hooks.on_train_extra = kill_on_second_train
+    with pytest.raises(SamplerError, match="died with signal SIGKILL"):
+        runner.run(total_env_steps=10**9)
+    assert time.monotonic() - killed["t"] < 5.0
+    assert not pid_alive(killed["pid"])
+    assert len(hooks.stops) == 1 and hooks.stops[0][1].startswith("error: SamplerError")
+
+
+@pytest.mark.timeout(90)
+def test_sampler_exception_traceback_reaches_the_parent_and_nothing_leaks():
+    before = shm_entries()
+    runner, hooks = _runner("async", env_fn=functools.partial(FailingToy, 6, 30, "raise"))
+    pids = []
+    hooks.on_train_extra = lambda h, s: pids.append(h.runner.process.pid)
+    with pytest.raises(SamplerError, match="boom at step 30") as err:
+        runner.run(total_env_steps=10**9)
+    assert "Traceback (most recent call last)" in str(err.value) and "in _step" in str(err.value)
+    assert runner.process is None
+    assert all(not pid_alive(pid) for pid in pids)
+    del runner, hooks, err
+    assert _new_shm(before) == set()
+
+
+@pytest.mark.timeout(90)
+def test_stalled_sampler_is_reported_with_its_stack():
+    runner, _ = _runner(
+        "async", env_fn=functools.partial(FailingToy, 6, 30, "hang"), heartbeat_timeout_s=1.5, shutdown_timeout_s=1.0
+    )
+    t0 = time.monotonic()
+    with pytest.raises(SamplerError, match="sent no heartbeat") as err:
+        runner.run(total_env_steps=10**9)
+    message = str(err.value)
+    # faulthandler's dump of the child: the hung frame and the sampler loop that called it
+    assert "in _step" in message and "in advance" in message and "test_runner.py" in message
+    assert time.monotonic() - t0 < 60
+
+
+_SIGTERM_SCRIPT = """
+import functools, sys, time
+sys.path.insert(0, {tests_dir!r})
+from test_runner import CheckingLearner, VersionPolicy, _cfg
+from test_sampler import toy_env
+from sample_fast.runner import Runner
+
+class Hooks:
+    def on_train(self, env_steps, metrics):
+        if env_steps == 48:
+            print("CHILD_PID", runner.process.pid, flush=True)
+    def on_stop(self, env_steps, reason):
+        print("ON_STOP", reason, runner.process.is_alive(), flush=True)
+
+if __name__ == "__main__":
+    runner = Runner(functools.partial(toy_env, 6), VersionPolicy, functools.partial(CheckingLearner, delay_s=0.01),
+                    _cfg(), mode="async", hooks=Hooks())
+    summary = runner.run(total_env_steps=10**9)
+    print("SUMMARY", summary["reason"], flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_stops_a_runner_cleanly(tmp_path):
+    before = shm_entries()
+    script = tmp_path / "run_until_sigterm.py"
+    script.write_text(textwrap.dedent(_SIGTERM_SCRIPT.format(tests_dir=os.path.dirname(__file__))))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        child_pid = None
+        deadline = time.monotonic() + 90
+        while child_pid is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("CHILD_PID"):
+                child_pid = int(line.split()[1])
+        assert child_pid is not None, "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, "".join(lines) + out
+    assert "ON_STOP stop_requested True" in out and "SUMMARY stop_requested" in out
+    assert not pid_alive(child_pid)
+    assert _new_shm(before) == set()
