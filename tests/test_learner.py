@@ -360,3 +360,18 @@ def test_learns_toy_env(kind):
     threshold = 14.0
     assert score > threshold, f"{kind}: deterministic return {score:.2f} after 40 iterations ({elapsed:.1f} s)"
     assert elapsed < 60
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_learns_toy_env_on_cuda_with_bf16():
+    torch.manual_seed(0)
+    env = make("toy", 256, seed=0, device="cuda")
+    policy = ActorCritic(env.observation_spec, env.action_spec, PolicyConfig(hidden_sizes=[64, 64]))
+    learner = Learner(policy, LearnerConfig(lr=1e-3, bf16=True), device="cuda")
+    obs, _ = env.reset()
+    for _ in range(40):
+        batch, obs, _ = collect(env, policy, obs, 16, learner.policy_version)
+        metrics = learner.train(batch)
+        assert math.isfinite(metrics["policy_loss"]) and metrics["nonfinite_skips"] == 0
+    assert deterministic_return(env, policy) > 14.0

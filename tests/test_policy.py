@@ -17,6 +17,15 @@ CONT = Spec(shape=(3,), dtype=torch.float32, low=-torch.ones(3), high=torch.ones
 DISC = Spec(shape=(), dtype=torch.int64, num_actions=4)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Other processes share the 2 cores; tiny matmuls on 2 spinning threads can be 10x slower than on one.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def test_normalizer_matches_numpy_over_several_batches():
     rng = np.random.default_rng(0)
     batches = [rng.normal(loc=3.0, scale=s, size=(n, 4)) for n, s in ((7, 1.0), (100, 5.0), (1, 2.0), (33, 0.1))]
