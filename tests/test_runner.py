@@ -215,7 +215,7 @@ def test_sampler_exception_traceback_reaches_the_parent_and_nothing_leaks():
 @pytest.mark.timeout(90)
 def test_stalled_sampler_is_reported_with_its_stack():
     runner, _ = _runner(
-        "async", env_fn=functools.partial(FailingToy, 6, 30, "hang"), heartbeat_timeout_s=1.5, shutdown_timeout_s=1.0
+        "async", env_fn=functools.partial(FailingToy, 6, 30, "hang"), heartbeat_timeout_s=3.0, shutdown_timeout_s=1.0
     )
     t0 = time.monotonic()
     with pytest.raises(SamplerError, match="sent no heartbeat") as err:

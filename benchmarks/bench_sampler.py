@@ -1,0 +1,298 @@
+"""Sampler benchmarks: env-only vs double-buffered sampler+inference, async sampler+learner, and a memory soak.
+
+Stages (all in one run, interleaved in rounds so machine noise hits every stage alike; ratios are per round):
+  env-only   one BatchedEnv of N envs stepped with fixed actions (the simulator's own rate, the peer to beat)
+  sampler    Sampler with ActorCritic 2x256 inference, N envs in num_splits groups, slots freed at once
+  async      Runner in async mode with the real Learner training concurrently (CPU seconds of each process)
+  --soak-minutes M: the async run for M minutes, sampling the resident memory of both processes every 10 s
+
+Examples:
+    .venv/bin/python benchmarks/bench_sampler.py --num-envs 128 --seconds 10 --rounds 3
+    .venv/bin/python benchmarks/bench_sampler.py --soak-minutes 5
+    .venv/bin/python benchmarks/bench_sampler.py --device cuda --env ant --num-envs 4096   # MJX (needs a GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from sample_fast.envs import make
+
+from sample_fast.learner import Learner, LearnerConfig
+from sample_fast.policy import ActorCritic, PolicyConfig
+from sample_fast.procs import cpu_seconds, rss_bytes
+from sample_fast.runner import Runner
+from sample_fast.sampler import Sampler, SamplerConfig, build_split_envs
+from sample_fast.trajectory_store import TrajectoryStore
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def make_env(name: str, backend: str, num_envs: int, num_threads: int | None, device: str, seed: int = 0):
+    opts = {"num_threads": num_threads} if backend == "mujoco" and num_threads else {}
+    return make(name, num_envs, backend=backend, device=device, seed=seed, **opts)
+
+
+def make_policy(obs_spec, act_spec) -> ActorCritic:
+    torch.manual_seed(0)
+    return ActorCritic(obs_spec, act_spec, PolicyConfig(hidden_sizes=[256, 256]))
+
+
+def make_learner(policy: ActorCritic) -> Learner:
+    return Learner(policy, LearnerConfig(), device="cpu")
+
+
+def bench_env_only(args, seconds: float) -> float:
+    """Steps/s of one env of N envs with fixed random actions (no policy)."""
+    env = make_env(args.env, args.backend, args.num_envs, args.env_threads_total, args.device)
+    try:
+        env.reset(seed=0)
+        spec = env.action_spec
+        gen = torch.Generator().manual_seed(0)
+        actions = [(torch.rand((env.num_envs, *spec.shape), generator=gen) * 2 - 1).to(env.device) for _ in range(8)]
+        for i in range(20):  # warm-up
+            env.step(actions[i % 8])
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            env.step(actions[n % 8])
+            n += 1
+        _sync(env.device)
+        return n * env.num_envs / (time.perf_counter() - t0)
+    finally:
+        env.close()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # SYNC: timing boundary
+
+
+def bench_sampler(args, seconds: float) -> float:
+    """Steps/s of the double-buffered Sampler with ActorCritic inference; slots are freed as soon as READY."""
+    cfg = SamplerConfig(
+        rollout_len=args.rollout_len,
+        num_splits=args.num_splits,
+        num_slots=2 * args.num_splits,
+        seed=0,
+        check_slots=False,
+    )
+    per_split = args.num_envs // args.num_splits
+    env_fn = functools.partial(make_env, args.env, args.backend, per_split, args.env_threads_per_split, args.device)
+    envs = build_split_envs(env_fn, args.num_splits)
+    store = TrajectoryStore(
+        envs[0].observation_spec, envs[0].action_spec, cfg.rollout_len, per_split, cfg.num_slots, device=envs[0].device
+    )
+    policy = make_policy(envs[0].observation_spec, envs[0].action_spec).to(envs[0].device)
+    sampler = Sampler(envs, policy, store, cfg, version_fn=lambda: 0, split_seeds=list(range(args.num_splits)))
+    prev = torch.get_num_threads()
+    torch.set_num_threads(args.inference_threads)
+    try:
+
+        def drain() -> None:
+            while (slot_idx := store.acquire_ready(0.0)) is not None:
+                store.release(slot_idx)
+
+        for _ in range(20):
+            sampler.advance(0.0)
+            drain()
+        passes, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            sampler.advance(0.0)
+            drain()
+            passes += 1
+        _sync(envs[0].device)
+        return passes * args.num_envs / (time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(prev)
+        sampler.close()
+
+
+class _Probe:
+    """Runner hooks that record throughput and sample both processes' memory and CPU time."""
+
+    def __init__(self, runner_ref: dict, sample_every_s: float) -> None:
+        self.ref, self.every = runner_ref, sample_every_s
+        self.samples: list[dict] = []
+        self.last = 0.0
+        self.env_steps = 0
+        self.episodes = 0
+
+    def sample(self, env_steps: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.every:
+            return
+        self.last = now
+        runner = self.ref["runner"]
+        child = runner.process.pid if runner.process is not None else None
+        self.samples.append(
+            {
+                "t_s": now - self.ref["t0"],
+                "env_steps": env_steps,
+                "main_rss_mb": rss_bytes() / 2**20,
+                "sampler_rss_mb": rss_bytes(child) / 2**20 if child else 0.0,
+                "main_cpu_s": cpu_seconds(),
+                "sampler_cpu_s": cpu_seconds(child) if child else 0.0,
+                "sampler_env_steps": float(runner.control[3]) if runner.process is not None else 0.0,
+            }
+        )
+
+    def on_train(self, env_steps, metrics) -> None:
+        self.env_steps = env_steps
+        self.metrics = metrics
+        self.sample(env_steps)
+
+    def on_episodes(self, env_steps, returns, lengths) -> None:
+        self.episodes += returns.numel()
+
+    def on_stop(self, env_steps, reason) -> None:
+        self.sample(env_steps, force=True)
+
+
+def bench_async(args, seconds: float, sample_every_s: float) -> dict:
+    """Async Runner: sampler process + learner training concurrently. Returns throughput, CPU and memory samples."""
+    per_split = args.num_envs // args.num_splits
+    env_fn = functools.partial(make_env, args.env, args.backend, per_split, args.env_threads_per_split, args.device)
+    probe_env = env_fn()
+    obs_spec, act_spec = probe_env.observation_spec, probe_env.action_spec
+    probe_env.close()
+    policy_fn = functools.partial(make_policy, obs_spec, act_spec)
+    cfg = SamplerConfig(
+        rollout_len=args.rollout_len,
+        num_splits=args.num_splits,
+        num_slots=2 * args.num_splits,
+        seed=0,
+        inference_threads=args.inference_threads,
+        learner_threads=args.learner_threads,
+    )
+    ref = {"t0": time.monotonic()}
+    probe = _Probe(ref, sample_every_s)
+    runner = Runner(env_fn, policy_fn, make_learner, cfg, mode="async", hooks=probe)
+    ref["runner"] = runner
+    ref["t0"] = time.monotonic()
+    summary = runner.run(total_env_steps=10**12, time_limit_s=seconds)
+    s = probe.samples
+    first = next((x for x in s if x["env_steps"] > 0), s[0])
+    last = s[-1]
+    dt = last["t_s"] - first["t_s"]
+    out = {
+        "summary": {k: v for k, v in summary.items()},
+        "trained_steps_per_s": (last["env_steps"] - first["env_steps"]) / max(dt, 1e-9),
+        "sampled_steps_per_s": (last["sampler_env_steps"] - first["sampler_env_steps"]) / max(dt, 1e-9),
+        "main_cpu_frac": (last["main_cpu_s"] - first["main_cpu_s"]) / max(dt, 1e-9),
+        "sampler_cpu_frac": (last["sampler_cpu_s"] - first["sampler_cpu_s"]) / max(dt, 1e-9),
+        "window_s": dt,
+        "last_metrics": {k: float(v) for k, v in getattr(probe, "metrics", {}).items()},
+        "samples": s,
+    }
+    return out
+
+
+def slope_mb_per_min(samples: list[dict], key: str, skip_s: float) -> float:
+    pts = [(x["t_s"], x[key]) for x in samples if x["t_s"] >= skip_s]
+    if len(pts) < 2:
+        return float("nan")
+    n = len(pts)
+    mt = sum(t for t, _ in pts) / n
+    mv = sum(v for _, v in pts) / n
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    return 60.0 * sum((t - mt) * (v - mv) for t, v in pts) / max(var, 1e-9)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="ant")
+    p.add_argument("--backend", default="mujoco")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (MJX on a GPU)")
+    p.add_argument("--num-envs", type=int, default=128)
+    p.add_argument("--num-splits", type=int, default=2)
+    p.add_argument("--rollout-len", type=int, default=64)
+    p.add_argument("--env-threads-total", type=int, default=2, help="threads of the env-only baseline")
+    p.add_argument("--env-threads-per-split", type=int, default=2, help="mujoco threads of each split's env")
+    p.add_argument("--inference-threads", type=int, default=1)
+    p.add_argument("--learner-threads", type=int, default=1)
+    p.add_argument("--seconds", type=float, default=8.0, help="per stage per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--async-seconds", type=float, default=40.0)
+    p.add_argument("--soak-minutes", type=float, default=0.0, help="run only the memory soak, for this long")
+    p.add_argument("--skip-async", action="store_true")
+    p.add_argument("--out", default=None, help="results basename (default: benchmarks/results/sampler_<device>)")
+    args = p.parse_args()
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            sys.exit(
+                "--device cuda needs a CUDA device (torch.cuda.is_available() is False); run on a GPU host, "
+                "e.g. --device cuda --backend mjx --num-envs 4096"
+            )
+        if args.backend == "mujoco":
+            args.backend = "mjx"
+    if args.num_envs % args.num_splits:
+        sys.exit(f"--num-envs {args.num_envs} must be divisible by --num-splits {args.num_splits}")
+    torch.set_num_threads(max(1, args.learner_threads))
+    base = Path(args.out) if args.out else RESULTS / f"sampler_{args.device.split(':')[0]}"
+    meta = {
+        "args": vars(args),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "loadavg_start": os.getloadavg(),
+    }
+
+    if args.soak_minutes > 0:
+        res = bench_async(args, args.soak_minutes * 60.0, sample_every_s=10.0)
+        res["main_rss_slope_mb_per_min"] = slope_mb_per_min(res["samples"], "main_rss_mb", skip_s=60.0)
+        res["sampler_rss_slope_mb_per_min"] = slope_mb_per_min(res["samples"], "sampler_rss_mb", skip_s=60.0)
+        meta["loadavg_end"] = os.getloadavg()
+        out = {"meta": meta, "soak": res}
+        path = base.with_name(base.name + "_soak.json")
+        path.write_text(json.dumps(out, indent=1))
+        print(json.dumps({k: v for k, v in res.items() if k != "samples"}, indent=1))
+        for x in res["samples"]:
+            print(
+                f"t={x['t_s']:7.1f}s steps={x['env_steps']:>10} main_rss={x['main_rss_mb']:8.1f}MB "
+                f"sampler_rss={x['sampler_rss_mb']:8.1f}MB"
+            )
+        print(f"wrote {path}")
+        return
+
+    rounds = []
+    for r in range(args.rounds):
+        env_only = bench_env_only(args, args.seconds)
+        sampler = bench_sampler(args, args.seconds)
+        rounds.append({"env_only": env_only, "sampler": sampler, "ratio": sampler / env_only})
+        print(
+            f"round {r}: env-only {env_only:9.0f}  sampler+inference {sampler:9.0f}  ratio {sampler / env_only:.3f}",
+            flush=True,
+        )
+    result = {
+        "meta": meta,
+        "rounds": rounds,
+        "env_only_median": statistics.median(x["env_only"] for x in rounds),
+        "sampler_median": statistics.median(x["sampler"] for x in rounds),
+        "ratio_median": statistics.median(x["ratio"] for x in rounds),
+    }
+    if not args.skip_async:
+        a = bench_async(args, args.async_seconds, sample_every_s=2.0)
+        a.pop("samples")
+        result["async"] = a
+        print(
+            f"async: trained {a['trained_steps_per_s']:.0f}/s sampled {a['sampled_steps_per_s']:.0f}/s, CPU: "
+            f"main {a['main_cpu_frac']:.2f} cores, sampler {a['sampler_cpu_frac']:.2f} cores",
+            flush=True,
+        )
+    result["meta"]["loadavg_end"] = os.getloadavg()
+    base.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    print(f"ratio (median of {args.rounds} rounds): {result['ratio_median']:.3f}; wrote {base.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()
