@@ -1,0 +1,187 @@
+"""Generic tests of the env API through ``make()``: bad arguments, the step contract, send/recv misuse and closing,
+run over every backend that imports here (toy, gymnasium, envpool, mujoco, mjx)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+import torch
+from sample_fast.envs import EnvError, make
+
+#: id -> (module that must import, make args, make kwargs). Small envs: these tests check the API, not physics.
+CASES: dict[str, tuple[str | None, tuple, dict]] = {
+    "toy": (None, ("toy", 2), {}),
+    "toy-discrete": (None, ("toy", 2), {"kind": "discrete"}),
+    "gymnasium": ("gymnasium", ("gymnasium:Pendulum-v1", 2), {}),
+    "gymnasium-discrete": ("gymnasium", ("gymnasium:CartPole-v1", 2), {}),
+    "envpool": ("envpool", ("hopper", 2), {"backend": "envpool", "num_threads": 1}),
+    "mujoco": ("sample_fast.envs.mujoco_env", ("hopper", 2), {"backend": "mujoco"}),
+    # MJX compiles when built (10 s to minutes on a busy 2-core CPU): one module-scoped env, marked slow below.
+    "mjx": ("sample_fast.envs.mjx_env", ("hopper", 2), {"backend": "mjx", "device": "cpu", "contacts": "feet"}),
+}
+
+#: The cases as pytest params; building an MJX env compiles, so those run only with --runslow.
+CASE_PARAMS = [pytest.param(c, marks=pytest.mark.slow) if c == "mjx" else c for c in CASES]
+
+
+def _make_case(case_id: str, **extra):
+    module, args, kwargs = CASES[case_id]
+    if module is not None:
+        pytest.importorskip(module, reason=f"backend {case_id!r} does not import here")
+    return make(*args, **{**kwargs, **extra})
+
+
+def _valid_actions(env) -> torch.Tensor:
+    spec = env.action_spec
+    if spec.is_discrete:
+        return torch.zeros(env.num_envs, dtype=torch.int64, device=env.device)
+    return torch.zeros(env.num_envs, *spec.shape, dtype=spec.dtype, device=env.device)
+
+
+@pytest.fixture(scope="module", params=CASE_PARAMS)
+def env(request):
+    e = _make_case(request.param)
+    e.reset()
+    yield e
+    e.close()
+
+
+# ----- make() arguments ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args, kwargs, fragment",
+    [
+        (("nope", 2), {}, r"unknown env 'nope'; known envs: ant, halfcheetah.*toy, gymnasium:<id>"),
+        (("", 2), {}, "non-empty string"),
+        (("ant", 2), {"backend": "physx"}, r"unknown backend 'physx'; choose one of: auto, mujoco, mjx, envpool"),
+        (("toy", 2), {"backend": "mujoco"}, "runs only on backend 'toy'"),
+        (("ant", 2), {"backend": "toy"}, "backend 'toy' runs only env 'toy'"),
+        (("gymnasium:Pendulum-v1", 2), {"backend": "envpool"}, "runs on backend 'gymnasium'"),
+        (("ant", 2), {"backend": "gymnasium"}, "use 'gymnasium:Ant-v5'"),
+        (("toy", 0), {}, "num_envs must be a positive int, got 0"),
+        (("toy", -3), {}, "num_envs must be a positive int, got -3"),
+        (("toy", 2.0), {}, "num_envs must be a positive int, got 2.0"),
+        (("toy", True), {}, "num_envs must be a positive int, got True"),
+        (("toy", "4"), {}, "num_envs must be a positive int, got '4'"),
+        (("toy", 2), {"device": "gpu0"}, "invalid device 'gpu0'"),
+    ],
+)
+def test_make_rejects_bad_arguments(args, kwargs, fragment):
+    with pytest.raises(EnvError, match=fragment):
+        make(*args, **kwargs)
+
+
+def test_env_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        make("toy", 0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+@pytest.mark.parametrize("name", ["toy", "gymnasium:Pendulum-v1", "hopper"])
+def test_cuda_without_cuda(name):
+    with pytest.raises(EnvError, match="torch sees no CUDA device; use device='cpu'"):
+        make(name, 2, device="cuda")
+
+
+def test_missing_envpool_gives_the_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "envpool", None)  # makes `import envpool` raise ImportError
+    monkeypatch.delitem(sys.modules, "sample_fast.envs.envpool_env", raising=False)
+    with pytest.raises(EnvError, match="backend 'envpool' needs the package.*pip install envpool"):
+        make("ant", 2, backend="envpool")
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_unknown_option_is_rejected(case_id):
+    with pytest.raises(EnvError, match="no_such_option"):
+        _make_case(case_id, no_such_option=1)
+
+
+# ----- the step contract, on every backend --------------------------------------------------------------------
+@pytest.mark.timeout(600)
+def test_step_contract(env):
+    n = env.num_envs
+    obs, info = env.reset()
+    assert isinstance(info, dict)
+    assert obs.shape == (n, *env.observation_spec.shape) and obs.dtype == torch.float32 and obs.device == env.device
+    res = env.step(_valid_actions(env))
+    assert res.obs.shape == obs.shape and res.obs.dtype == torch.float32
+    assert res.reward.shape == (n,) and res.reward.dtype == torch.float32
+    assert res.terminated.shape == (n,) and res.terminated.dtype == torch.bool
+    assert res.truncated.shape == (n,) and res.truncated.dtype == torch.bool
+    assert res.info["final_obs"].shape == obs.shape and res.info["final_obs"].dtype == torch.float32
+    assert res.info["episode_return"].shape == (n,) and res.info["episode_return"].dtype == torch.float32
+    assert res.info["episode_length"].shape == (n,) and res.info["episode_length"].dtype == torch.int64
+    assert res.info["physics_reset"].shape == (n,) and res.info["physics_reset"].dtype == torch.bool
+    assert torch.isfinite(res.obs).all() and torch.isfinite(res.info["final_obs"]).all()
+    not_done = ~(res.terminated | res.truncated)
+    assert torch.equal(res.obs[not_done], res.info["final_obs"][not_done])
+    assert (res.info["episode_length"][not_done] == 0).all()
+
+
+def _expected(env) -> str:
+    return env.action_spec.describe(env.num_envs, env.device)
+
+
+def test_wrong_action_shape(env):
+    spec = env.action_spec
+    with pytest.raises(EnvError, match="expected " + re.escape(_expected(env))):
+        env.step(torch.zeros(env.num_envs + 1, *spec.shape, dtype=spec.dtype))
+    with pytest.raises(EnvError, match="shape"):
+        env.step(torch.zeros(env.num_envs, *spec.shape, 2, dtype=spec.dtype))
+
+
+def test_wrong_action_dtype(env):
+    spec = env.action_spec
+    wrong = torch.float64 if not spec.is_discrete else torch.float32
+    with pytest.raises(EnvError, match=f"dtype {wrong}; expected " + re.escape(_expected(env))):
+        env.step(_valid_actions(env).to(wrong))
+
+
+def test_wrong_action_device(env):
+    # The "meta" device stands in for a wrong device on machines without a GPU.
+    with pytest.raises(EnvError, match=r"actions are on meta; expected .*device " + str(env.device)):
+        env.step(_valid_actions(env).to("meta"))
+
+
+def test_actions_not_a_tensor(env):
+    with pytest.raises(EnvError, match="must be a torch.Tensor"):
+        env.step(_valid_actions(env).cpu().numpy())
+
+
+def test_bad_action_values(env):
+    actions = _valid_actions(env)
+    if env.action_spec.is_discrete:
+        actions[0] = env.action_spec.num_actions
+        with pytest.raises(EnvError, match=rf"\[0, {env.action_spec.num_actions}\)"):
+            env.step(actions)
+    else:
+        actions[1] = float("nan")
+        with pytest.raises(EnvError, match=r"NaN or inf for envs \[1\]"):
+            env.step(actions)
+
+
+@pytest.mark.timeout(600)
+def test_send_recv_misuse(env):
+    with pytest.raises(EnvError, match="recv\\(\\) called without a pending send"):
+        env.recv()
+    env.send(_valid_actions(env))
+    with pytest.raises(EnvError, match="send\\(\\) called twice"):
+        env.send(_valid_actions(env))
+    res = env.recv()  # the first send is still pending and completes normally
+    assert res.obs.shape[0] == env.num_envs
+    with pytest.raises(EnvError, match="without a pending send"):
+        env.recv()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case_id", CASE_PARAMS)
+def test_closed_env_rejects_calls_and_context_manager_closes(case_id):
+    with _make_case(case_id) as e:
+        assert not e._closed
+    assert e._closed
+    with pytest.raises(EnvError, match="is closed; make a new env"):
+        e.step(_valid_actions(e))
+    with pytest.raises(EnvError, match="is closed"):
+        e.reset()
+    e.close()  # closing twice is harmless
