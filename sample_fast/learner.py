@@ -75,7 +75,7 @@ class LearnerConfig:
     normalize_advantages: bool = True
     #: Divide rewards by the running std of the per-env discounted return (reset at episode ends).
     scale_rewards: bool = True
-    #: After scaling, rewards are clipped to [-reward_clip, reward_clip]; None disables it.
+    #: With scale_rewards, scaled rewards are clipped to [-reward_clip, reward_clip]; None disables it.
     reward_clip: float | None = 10.0
     #: Samples whose policy_version lags the learner by more than this are masked out of the loss; None = never.
     max_policy_lag: int | None = 100
@@ -380,12 +380,16 @@ class Learner:
         # 2. Reward scaling (statistics updated with this batch, then applied).
         if cfg.scale_rewards:
             rewards = self.reward_scaler.scale(rewards, terminated | truncated)
-        if cfg.reward_clip is not None:
-            rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
+            if cfg.reward_clip is not None:
+                rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
         # 3. Policy-lag mask.
         mask = None
         if cfg.max_policy_lag is not None and "policy_version" in data:
             mask = ((self.policy_version - data["policy_version"]) <= cfg.max_policy_lag).reshape(flat)
+            # SYNC: an all-stale batch must not reach Adam (zero gradients would still move it through momentum).
+            num_epochs = cfg.num_epochs if bool(mask.any()) else 0
+        else:
+            num_epochs = cfg.num_epochs
 
         obs_f = obs.reshape(flat, *obs.shape[2:])
         act_f = actions.reshape(flat, *actions.shape[2:])
@@ -393,7 +397,7 @@ class Learner:
         sums: dict[str, list[Tensor]] = {}
         first_targets: Targets | None = None
         updates_before, rolled_back = self.num_updates, False
-        for epoch in range(cfg.num_epochs):
+        for epoch in range(max(num_epochs, 1)):
             if epoch == 0 or cfg.recompute_targets == "epoch":
                 with self._autocast():
                     targets = compute_targets(
@@ -408,6 +412,8 @@ class Learner:
                     adv_f = normalize_advantages(adv_f, mask)
                 vs_f = targets.value_targets.reshape(flat)
                 old_v_f = targets.values.reshape(flat)
+            if num_epochs == 0:
+                break  # targets only, for the metrics
             perm = torch.randperm(flat, generator=self.generator).to(self.device, non_blocking=True)
             for idx in perm.chunk(cfg.num_minibatches):
                 mb_mask = mask[idx] if mask is not None else None

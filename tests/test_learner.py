@@ -268,6 +268,18 @@ def test_stale_samples_are_masked_out_of_the_loss():
     assert metrics_a["policy_loss"] == metrics_b["policy_loss"]
 
 
+def test_all_stale_batch_does_not_move_the_weights():
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    learner = Learner(policy, LearnerConfig(max_policy_lag=2), vtrace_fn=_torch_vtrace)
+    learner.train(make_batch(policy, seed=0))  # Adam now has momentum: a zero-gradient step would still move
+    learner.policy_version = 10
+    before = params_of(policy)
+    metrics = learner.train(make_batch(policy, seed=1, version=7))  # lag 3 > 2 everywhere
+    assert metrics["masked_frac"] == 1.0 and metrics["num_updates"] == 0 and learner.policy_version == 10
+    assert all(torch.equal(a, b) for a, b in zip(before, params_of(policy), strict=True))
+
+
 def test_state_dict_round_trip_continues_identically():
     torch.manual_seed(0)
     policy_a = ActorCritic(OBS, CONT, SMALL)
