@@ -259,6 +259,20 @@ class MujocoEnv(BatchedEnv):
         return torch.from_numpy(self._observe(phys)[0])
 
     # ----- step -------------------------------------------------------------------------------------------
+    def step(self, actions: torch.Tensor) -> StepResult:
+        """``send`` + ``recv``, with the caller's thread stepping the last slice itself instead of idling.
+
+        Same result as ``send``/``recv`` (tested); one thread wake-up fewer on the critical path per step, which
+        counts most when other processes load the cores (a learner beside the sampler).
+        """
+        self._inline = True
+        try:
+            return super().step(actions)
+        finally:
+            self._inline = False
+
+    _inline = False
+
     def _send(self, actions: torch.Tensor) -> None:
         if self._needs_reset:
             self._pending = None
@@ -269,10 +283,19 @@ class MujocoEnv(BatchedEnv):
         # Out-of-range actions are clipped here (MuJoCo would clamp ctrl anyway), so the control cost sees what
         # the actuators received.
         np.clip(actions.detach().to("cpu", torch.float64).numpy(), self._ctrl_lo, self._ctrl_hi, out=self._ctrl)
+        inline = self._workers[-1] if self._inline else None
         for w in self._workers:
             w.done.clear()
-            w.start.set()
+            if w is not inline:
+                w.start.set()
         self._in_flight = True
+        if inline is not None:
+            try:
+                inline.step_slice()
+            except Exception:  # reported by recv(), as a worker thread's error is
+                inline.error = traceback.format_exc()
+            finally:
+                inline.done.set()
 
     def _wait_workers(self) -> None:
         deadline = time.monotonic() + self.step_timeout_s

@@ -110,19 +110,23 @@ def test_specs_shapes_dtypes():
 
 @pytest.mark.timeout(60)
 def test_seeded_determinism_and_thread_count_independence():
-    def rollout(seed, num_threads, num_steps=12):
+    def rollout(seed, num_threads, num_steps=12, send_recv=False):
         with make("hopper", 5, backend="mujoco", seed=seed, num_threads=num_threads, max_episode_steps=7) as env:
             rng = np.random.default_rng(5)
             out = [env.reset()[0]]
             for _ in range(num_steps):
-                r = env.step(_actions(env, rng))
+                if send_recv:  # all slices on worker threads
+                    env.send(_actions(env, rng))
+                    r = env.recv()
+                else:  # the caller's thread steps the last slice
+                    r = env.step(_actions(env, rng))
                 out += [r.obs, r.reward, r.terminated, r.truncated, r.info["final_obs"]]
             out.append(env.reset(seed=seed)[0])  # reseeding restarts the reset noise
             return out
 
     a = rollout(0, 1)
     assert torch.equal(a[0], a[-1])
-    for b in (rollout(0, 1), rollout(0, 2), rollout(0, 3)):  # 5 envs over 3 threads: uneven slices
+    for b in (rollout(0, 1), rollout(0, 2), rollout(0, 3), rollout(0, 2, send_recv=True)):  # 5 envs over 3: uneven
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     c = rollout(1, 2)
     assert not torch.equal(a[0], c[0])
