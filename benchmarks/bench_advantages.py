@@ -158,7 +158,6 @@ def machine_info() -> dict:
 
 
 def bench_cpu(args: argparse.Namespace) -> dict:
-    import numba
     from sample_fast.extensions import compute_gae, compute_vtrace
     from sample_fast.extensions._numba_cpu import gae_numba, vtrace_numba
     from torchrl.objectives.value.functional import (
@@ -214,42 +213,64 @@ def bench_cpu(args: argparse.Namespace) -> dict:
         "num_envs": num_envs,
         "dtype": "float32",
         "threads": args.threads,
-        "numba_threading_layer": numba.threading_layer(),
+        "numba_threading_layer": numba_threading_layer(),
         "bytes_moved": {"gae": gae_bytes, "vtrace": vt_bytes},
         "timings": timings,
     }
     add_bandwidth(result, {"gae": "copy_gae_bytes", "vtrace": "copy_vtrace_bytes"})
-    med = {k: v["median_s"] for k, v in timings.items()}
-    result["ratios"] = {
-        "torchrl_gae / numba_gae": med["torchrl_gae"] / med["numba_gae"],
-        "torchrl_vec_gae / numba_gae": med["torchrl_vec_gae"] / med["numba_gae"],
-        "torchrl_vtrace / numba_vtrace": med["torchrl_vtrace"] / med["numba_vtrace"],
-        "reference_gae / numba_gae": med["reference_gae"] / med["numba_gae"],
-        "reference_vtrace / numba_vtrace": med["reference_vtrace"] / med["numba_vtrace"],
-        "numba_gae_1thread / numba_gae": med["numba_gae_1thread"] / med["numba_gae"],
-    }
+    add_ratios(
+        result,
+        [
+            ("torchrl_gae", "numba_gae"),
+            ("torchrl_vec_gae", "numba_gae"),
+            ("torchrl_vtrace", "numba_vtrace"),
+            ("reference_gae", "numba_gae"),
+            ("reference_vtrace", "numba_vtrace"),
+            ("numba_gae_1thread", "numba_gae"),
+            ("numba_vtrace_1thread", "numba_vtrace"),
+        ],
+    )
+    ratios = result["ratios_median"]
     result["targets"] = {
-        "numba_gae >= 10x torchrl_gae": result["ratios"]["torchrl_gae / numba_gae"] >= 10,
-        "numba_gae >= 2x torchrl_vec_gae": result["ratios"]["torchrl_vec_gae / numba_gae"] >= 2,
-        "numba_vtrace >= 10x torchrl_vtrace": result["ratios"]["torchrl_vtrace / numba_vtrace"] >= 10,
+        "numba_gae >= 10x torchrl_gae": ratios["torchrl_gae / numba_gae"] >= 10,
+        "numba_gae >= 2x torchrl_vec_gae": ratios["torchrl_vec_gae / numba_gae"] >= 2,
+        "numba_vtrace >= 10x torchrl_vtrace": ratios["torchrl_vtrace / numba_vtrace"] >= 10,
     }
     if not args.quick:
         result["jit"] = jit_times(num_steps, num_envs)
     return result
 
 
+def numba_threading_layer() -> str:
+    import numba
+
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel kernel ran: sizes below MIN_PARALLEL_ELEMENTS take the serial build
+        return "none (serial kernels only)"
+
+
 def add_bandwidth(result: dict, copy_for: dict[str, str]) -> None:
-    """GB/s = bytes moved / median time, for each kernel and for the copy of the same number of bytes."""
-    bandwidth = {}
-    for name, t in result["timings"].items():
-        kind = "vtrace" if "vtrace" in name else "gae"
-        bandwidth[name] = result["bytes_moved"][kind] / t["median_s"] / 1e9
-    result["gb_per_s"] = bandwidth
-    result["fraction_of_copy_bandwidth"] = {
-        name: gbps / bandwidth[copy_for["vtrace" if "vtrace" in name else "gae"]]
-        for name, gbps in bandwidth.items()
-        if not name.startswith("copy")
-    }
+    """GB/s = bytes moved / time, for each kernel and for the copy of the same number of bytes; from the median
+    (the headline) and from the fastest round (least disturbed by other processes on a shared machine)."""
+    for stat in ("median", "min"):
+        bandwidth = {}
+        for name, t in result["timings"].items():
+            kind = "vtrace" if "vtrace" in name else "gae"
+            bandwidth[name] = result["bytes_moved"][kind] / t[f"{stat}_s"] / 1e9
+        result[f"gb_per_s_{stat}"] = bandwidth
+        result[f"fraction_of_copy_bandwidth_{stat}"] = {
+            name: gbps / bandwidth[copy_for["vtrace" if "vtrace" in name else "gae"]]
+            for name, gbps in bandwidth.items()
+            if not name.startswith("copy")
+        }
+
+
+def add_ratios(result: dict, pairs: list[tuple[str, str]]) -> None:
+    """Speed-ups ``slow / fast`` from medians (the headline) and from the fastest rounds."""
+    for stat in ("median", "min"):
+        t = {k: v[f"{stat}_s"] for k, v in result["timings"].items()}
+        result[f"ratios_{stat}"] = {f"{slow} / {fast}": t[slow] / t[fast] for slow, fast in pairs}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -324,14 +345,16 @@ def bench_cuda(args: argparse.Namespace) -> dict:
         "timings": timings,
     }
     add_bandwidth(result, {"gae": "copy_gae_bytes", "vtrace": "copy_vtrace_bytes"})
-    med = {k: v["median_s"] for k, v in timings.items()}
-    result["ratios"] = {
-        "torchrl_gae / cuda_gae": med["torchrl_gae"] / med["cuda_gae"],
-        "torchrl_vec_gae / cuda_gae": med["torchrl_vec_gae"] / med["cuda_gae"],
-        "compiled_gae / cuda_gae": med["compiled_gae"] / med["cuda_gae"],
-        "torchrl_vtrace / cuda_vtrace": med["torchrl_vtrace"] / med["cuda_vtrace"],
-        "compiled_vtrace / cuda_vtrace": med["compiled_vtrace"] / med["cuda_vtrace"],
-    }
+    add_ratios(
+        result,
+        [
+            ("torchrl_gae", "cuda_gae"),
+            ("torchrl_vec_gae", "cuda_gae"),
+            ("compiled_gae", "cuda_gae"),
+            ("torchrl_vtrace", "cuda_vtrace"),
+            ("compiled_vtrace", "cuda_vtrace"),
+        ],
+    )
     return result
 
 
@@ -350,25 +373,25 @@ def to_markdown(result: dict) -> str:
         f"Python {info['python']}. Load average {info['loadavg_start']:.1f} at start, "
         f"{info['loadavg_end']:.1f} at end.",
         "",
-        "| method | median ms | min ms | GB/s | of copy GB/s |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| method | median ms | min ms | GB/s (median) | of copy (median) | GB/s (min) | of copy (min) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, t in result["timings"].items():
-        frac = result["fraction_of_copy_bandwidth"].get(name)
-        frac_s = f"{frac:.0%}" if frac is not None else "ceiling"
-        lines.append(
-            f"| {name} | {t['median_s'] * 1e3:.3f} | {t['min_s'] * 1e3:.3f} | {result['gb_per_s'][name]:.1f} | "
-            f"{frac_s} |"
-        )
-    lines += ["", "| ratio (median times) | value |", "| --- | ---: |"]
-    lines += [f"| {name} | {value:.1f}x |" for name, value in result["ratios"].items()]
+        row = [name, f"{t['median_s'] * 1e3:.3f}", f"{t['min_s'] * 1e3:.3f}"]
+        for stat in ("median", "min"):
+            frac = result[f"fraction_of_copy_bandwidth_{stat}"].get(name)
+            row += [f"{result[f'gb_per_s_{stat}'][name]:.1f}", f"{frac:.0%}" if frac is not None else "ceiling"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "| speed-up | from medians | from fastest rounds |", "| --- | ---: | ---: |"]
+    for name, value in result["ratios_median"].items():
+        lines.append(f"| {name} | {value:.1f}x | {result['ratios_min'][name]:.1f}x |")
     if "targets" in result:
         lines += ["", "| target | met |", "| --- | --- |"]
         lines += [f"| {name} | {'yes' if ok else 'NO'} |" for name, ok in result["targets"].items()]
     if "jit" in result:
         lines += [
             "",
-            "| first call in a fresh process | import s | first GAE s | first V-trace s |",
+            "| first call in a fresh process | import torch + extensions s | first GAE s | first V-trace s |",
             "| --- | ---: | ---: | ---: |",
         ]
         for label, j in result["jit"].items():
@@ -378,7 +401,7 @@ def to_markdown(result: dict) -> str:
     lines += [
         "",
         f"GB/s = bytes read + written by one call ({result['bytes_moved']['gae'] / 1e6:.1f} MB for GAE, "
-        f"{result['bytes_moved']['vtrace'] / 1e6:.1f} MB for V-trace) / median time; the copy rows clone a buffer "
+        f"{result['bytes_moved']['vtrace'] / 1e6:.1f} MB for V-trace) / time; the copy rows clone a buffer "
         "of half that size (same traffic) and are the ceiling.",
         "",
     ]

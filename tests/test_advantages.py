@@ -8,6 +8,7 @@ numba.cuda is imported); the real CUDA kernel is covered by the ``gpu``-marked t
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -591,3 +592,42 @@ def test_cuda_kernel_matches_reference_on_gpu():
                     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
                 else:
                     assert_close_float32(got, want)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Benchmark script
+
+
+def load_benchmark_module():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_advantages.py"
+    spec = importlib.util.spec_from_file_location("bench_advantages", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(120)
+def test_benchmark_runs_and_writes_results(tmp_path):
+    bench = load_benchmark_module()
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--quick", "--num-steps", "8", "--num-envs", "64", "--out", str(tmp_path / "r")]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the benchmark sets torch's thread count for its run
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["timings"]["numba_gae"]["rounds"] == 5
+    assert set(result["targets"]) == {
+        "numba_gae >= 10x torchrl_gae",
+        "numba_gae >= 2x torchrl_vec_gae",
+        "numba_vtrace >= 10x torchrl_vtrace",
+    }
+    assert "| numba_vtrace |" in (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path without CUDA")
+def test_benchmark_cuda_mode_fails_cleanly_without_cuda():
+    bench = load_benchmark_module()
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        bench.main(["--device", "cuda"])
