@@ -175,8 +175,8 @@ def _dispatch(
             module = _load_backend(name)
             out = run_kernel(module, name)
         except Exception as error:  # import or compile failure of numba: fall back under "auto" only
-            if explicit or isinstance(error, ValueError):
-                raise
+            if explicit or isinstance(error, (ValueError, torch.OutOfMemoryError)):
+                raise  # the caller asked for this backend, or the error is not the backend's (bad input, OOM)
             _broken_backends[name] = f"{type(error).__name__}: {error}"
             warnings.warn(
                 f"sample_fast.extensions: the {name!r} backend failed ({_broken_backends[name]}); "
