@@ -8,6 +8,7 @@ status 2 and a message listing the valid choices.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import hydra
@@ -26,10 +27,16 @@ def to_config(cfg: DictConfig) -> BenchmarkConfig:
     return obj
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 @hydra.main(version_base=None, config_path="pkg://sample_fast.configs", config_name="benchmark")
 def main(cfg: DictConfig) -> None:
     from .suite import run_suite  # after Hydra parsed the command line: `--help` stays fast
 
+    # SIGTERM (e.g. `timeout`, a batch system) ends the run like Ctrl-C: the results measured so far are written.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         run_suite(to_config(cfg))
     except BenchmarkConfigError as e:

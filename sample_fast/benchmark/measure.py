@@ -156,11 +156,15 @@ def format_rate(x: float | None) -> str:
 # ----- hard timeouts: one case in a child process ---------------------------------------------------------------
 def _child_entry(fn: Callable[..., Any], args: tuple, conn: Any) -> None:
     try:
-        conn.send(("ok", fn(*args)))
+        msg = ("ok", fn(*args))
     except Skip as e:
-        conn.send(("skip", str(e)))
+        msg = ("skip", str(e))
     except BaseException as e:
-        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}"))
+        msg = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}")
+    try:
+        conn.send(msg)
+    except (BrokenPipeError, OSError):
+        pass  # the parent gave up on us (timeout) and closed its end
     finally:
         conn.close()
 
@@ -175,8 +179,10 @@ def run_isolated(fn: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
     proc = ctx.Process(target=_child_entry, args=(fn, args, send_conn), name="sample_fast-bench-case")
     proc.start()
     send_conn.close()
+    timed_out = False
     try:
         if not recv_conn.poll(timeout_s):  # SYNC: bounded wait for the child's single message
+            timed_out = True
             raise MeasureTimeout(f"did not finish within {timeout_s:g} s (hard timeout; raise measure_timeout_s)")
         try:
             status, payload = recv_conn.recv()
@@ -184,14 +190,17 @@ def run_isolated(fn: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
             proc.join(timeout=5.0)
             raise RuntimeError(f"benchmark child process died (exit code {proc.exitcode})") from None
     finally:
-        recv_conn.close()
-        proc.join(timeout=10.0)
+        if not timed_out:
+            proc.join(timeout=10.0)  # SYNC: bounded; it has sent its result and is exiting
+        for pid in reversed(descendants(proc.pid)) if proc.is_alive() else []:  # e.g. an async Runner's sampler
+            _signal(pid, signal.SIGKILL)
         if proc.is_alive():
             proc.terminate()
             proc.join(timeout=3.0)
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=3.0)
+        recv_conn.close()
         proc.close()
     if status == "ok":
         return payload
@@ -228,10 +237,7 @@ def kill_tree(pid: int, grace_s: float = 5.0) -> list[int]:
     were signalled. Pids are collected before signalling, so children re-parented to init are not lost."""
     pids = [pid, *descendants(pid)]
     for p in pids:
-        try:
-            os.kill(p, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _signal(p, signal.SIGTERM)
     end = time.monotonic() + grace_s
     alive = list(pids)
     while alive and time.monotonic() < end:
@@ -239,11 +245,15 @@ def kill_tree(pid: int, grace_s: float = 5.0) -> list[int]:
         if alive:
             time.sleep(0.1)
     for p in alive:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _signal(p, signal.SIGKILL)
     return pids
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _alive(pid: int) -> bool:

@@ -230,7 +230,8 @@ def write_markdown(report: dict[str, Any], path: str) -> None:
 
 
 def write_plot(report: dict[str, Any], path: str) -> None:
-    """One row per env: throughput vs num_envs per runner (log-log), and each runner's best figure per stage."""
+    """One row per env: throughput vs num_envs (log-log; colour = runner, line style = stage, the physical limit
+    in black) and, per stage, each runner's best figure over the sweep."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -238,8 +239,12 @@ def write_plot(report: dict[str, Any], path: str) -> None:
 
     results = report["results"]
     envs = list(dict.fromkeys(r["env"] for r in results)) or ["(none)"]
-    fig, axes = plt.subplots(len(envs), 2, figsize=(13, 4.5 * len(envs)), squeeze=False)
+    names = list(dict.fromkeys(r["name"] for r in results))
+    palette = plt.get_cmap("tab10").colors
+    colour = {n: ("black" if n == LIMIT_PEER else palette[i % len(palette)]) for i, n in enumerate(names)}
+    dashes = {"env": "-", "inference": "--", "train": ":"}
     stages = ["env", "inference", "train"]
+    fig, axes = plt.subplots(len(envs), 2, figsize=(14, 4.8 * len(envs)), squeeze=False)
     for row, env in enumerate(envs):
         ax_sweep, ax_bars = axes[row]
         rs = [r for r in results if r["env"] == env]
@@ -247,36 +252,44 @@ def write_plot(report: dict[str, Any], path: str) -> None:
         for r in rs:
             s = r["env_steps_per_s"]
             series.setdefault((r["stage"], r["name"]), []).append((r["num_envs"], s["median"], s["min"], s["max"]))
-        for (stage, name), pts in sorted(series.items()):
+        for (stage, name), pts in series.items():
             pts.sort()
-            xs = [p[0] for p in pts]
-            ys = [p[1] for p in pts]
             err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
-            style = "--" if name == LIMIT_PEER else "-"
-            ax_sweep.errorbar(xs, ys, yerr=err, fmt="o" + style, capsize=3, label=f"{stage}: {name}")
+            ax_sweep.errorbar(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                yerr=err,
+                fmt="o",
+                linestyle=dashes.get(stage, "-"),
+                color=colour[name],
+                capsize=3,
+                label=f"{name} ({stage})",
+            )
         ax_sweep.set_xscale("log", base=2)
         ax_sweep.set_yscale("log")
         ax_sweep.set_xlabel("num_envs")
         ax_sweep.set_ylabel("env steps/s (median, min–max)")
-        ax_sweep.set_title(f"{env}: throughput vs num_envs")
+        ax_sweep.set_title(f"{env}: throughput vs num_envs (line: — env, - - inference, ··· train)")
         ax_sweep.grid(True, which="both", alpha=0.3)
         if series:
             ax_sweep.legend(fontsize=7, ncol=2)
-        names = list(dict.fromkeys(r["name"] for r in rs))
-        width = 0.8 / max(len(names), 1)
-        for i, name in enumerate(names):
+        env_names = [n for n in names if any(r["name"] == n for r in rs)]
+        width = 0.8 / max(len(env_names), 1)
+        for i, name in enumerate(env_names):
             heights = []
             for stage in stages:
                 vals = [r["env_steps_per_s"]["median"] for r in rs if r["name"] == name and r["stage"] == stage]
                 heights.append(max(vals) if vals else 0.0)
-            ax_bars.bar([k + i * width for k in range(len(stages))], heights, width, label=name)
+            ax_bars.bar([k + i * width for k in range(len(stages))], heights, width, label=name, color=colour[name])
         ax_bars.set_xticks([k + 0.4 - width / 2 for k in range(len(stages))], stages)
         ax_bars.set_ylabel("env steps/s (best over num_envs)")
-        ax_bars.set_title(f"{env}: stages")
+        ax_bars.set_title(f"{env}: stages (each runner's best size)")
         ax_bars.grid(True, axis="y", alpha=0.3)
-        if names:
+        if env_names:
             ax_bars.legend(fontsize=7)
-    fig.suptitle(f"{report['title']} — {report['machine']['cpu_model']}, {report['machine']['cpu_usable']} cores")
+    m = report["machine"]
+    load = report["load"]["before"]
+    fig.suptitle(f"{report['title']} — {m['cpu_model']}, {m['cpu_usable']} cores, load before {load}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

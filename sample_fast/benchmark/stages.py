@@ -288,6 +288,8 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         summary = runner.run(total_env_steps=2**62, time_limit_s=cfg.measure_timeout_s)
     finally:
         torch.set_num_threads(old_threads)
+    if not hooks.recorder.done and summary.get("reason") == "stop_requested":
+        raise KeyboardInterrupt  # the Runner turned our SIGINT/SIGTERM into a stop request: end the suite too
     if not hooks.recorder.done:
         got = len(hooks.recorder.rates)
         raise MeasureTimeout(

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from . import report as rep
 from .config import STAGES, BenchmarkConfig, resolve
@@ -65,11 +66,16 @@ def _isolated(case: Case, cfg: BenchmarkConfig) -> bool:
     return cfg.isolate == "all" or (cfg.isolate == "mjx" and case.kind == "sample_fast" and case.name == "mjx")
 
 
+#: Backend options that change neither physics nor episodes, so rows using them need no note.
+NON_PHYSICS_OPTIONS = ("compilation_cache_dir", "num_threads", "step_timeout_s")
+
+
 def _options_note(case: Case, cfg: BenchmarkConfig) -> str:
     """Rows whose physics or episode settings differ from the task's defaults say so."""
     if case.kind != "sample_fast":
         return ""
     opts = {**(cfg.env_options if case.name != "toy" else {}), **(cfg.backend_options.get(case.name) or {})}
+    opts = {k: v for k, v in opts.items() if k not in NON_PHYSICS_OPTIONS}
     return "options: " + ", ".join(f"{k}={v}" for k, v in sorted(opts.items())) if opts else ""
 
 
@@ -196,11 +202,35 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
         "physical_limit": limits,
         "best_peer": peers,
     }
+    console.print(summary_table(report))
     if write:
         paths = write_report(report, cfg.out_dir, cfg.out_name)
         report["files"] = paths
         console.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['png']}")
     return report
+
+
+def summary_table(report: dict[str, Any]) -> Table:
+    """The final figures with both ratios (known only once every peer of the stage has run)."""
+    table = Table(title=f"{report['title']} (median env steps/s; load before {report['load']['before']})")
+    for col in ("stage", "runner", "env"):
+        table.add_column(col)
+    for col in ("num_envs", "env steps/s", "spread", "physics steps/s", "× limit", "× best peer"):
+        table.add_column(col, justify="right")
+    for r in report["results"]:
+        s = r["env_steps_per_s"]
+        table.add_row(
+            r["stage"],
+            r["name"] + (" (peer)" if r["kind"] == "peer" else ""),
+            r["env"],
+            str(r["num_envs"]),
+            format_rate(s["median"]),
+            f"{format_rate(s['min'])}–{format_rate(s['max'])}",
+            format_rate(r["physics_steps_per_s"]),
+            "—" if r["ratio_to_limit"] is None else f"{r['ratio_to_limit']:.2f}×",
+            "—" if r["ratio_to_best_peer"] is None else f"{r['ratio_to_best_peer']:.2f}×",
+        )
+    return table
 
 
 def write_report(report: dict[str, Any], out_dir: str, out_name: str = "results") -> dict[str, str]:

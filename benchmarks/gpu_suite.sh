@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# GPU profile of sample_fast in under 10 minutes: the FPS suite's GPU preset (MJX Ant at 1024-65536 envs) for each
+# stage -- env only, + inference, + training -- then the advantage kernels on CUDA. Every section has its own
+# timeout (SIGINT first, so the suite writes what it measured, then SIGKILL), so one hang cannot eat the budget.
+#   bash benchmarks/gpu_suite.sh                    # on a CUDA machine; results in $OUT or benchmarks/results/gpu-<date>-<host>
+#   GPU_SUITE_SMOKE=1 bash benchmarks/gpu_suite.sh  # the same script on the CPU with tiny sizes (proves it works)
+# Extra arguments are Hydra overrides passed to every suite section, e.g. `num_envs=[4096,16384]`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+OUT_DIR=${OUT:-benchmarks/results/gpu-$(date -u +%Y-%m-%d)-$(hostname)}
+mkdir -p "$OUT_DIR"
+export MUJOCO_GL=${MUJOCO_GL:-egl}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX and torch share the GPU: no 75% grab by JAX
+
+if [ "${GPU_SUITE_SMOKE:-0}" = "1" ]; then
+  # CPU, tiny: every section and every file the real run writes, in about a minute.
+  SIZES="device=cpu num_envs=[8] repeats=1 seconds_per_repeat=0.3 warmup_s=0 peers=[] measure_timeout_s=240"
+  SIZES="$SIZES train.rollout_len=8"
+  T_ENV=300; T_INF=300; T_TRAIN=300; T_ADV=120
+  ADV_ARGS="--device cpu --quick --num-envs 256 --rounds 2 --out $OUT_DIR/advantages_smoke"
+else
+  SIZES=""
+  T_ENV=150; T_INF=150; T_TRAIN=180; T_ADV=60   # 540 s of sections + start-up < 10 min
+  ADV_ARGS="--device cuda --out $OUT_DIR/advantages_cuda"
+fi
+
+status=0
+section() {  # section <name> <timeout_s> <command...>
+  local name=$1 limit=$2; shift 2
+  echo "=== gpu_suite: $name (timeout ${limit}s) ==="
+  local t0=$SECONDS
+  timeout --signal=INT --kill-after=20 "$limit" "$@"
+  local rc=$?
+  echo "=== gpu_suite: $name: exit $rc after $((SECONDS - t0)) s ==="
+  [ $rc -eq 0 ] || status=1
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null > "$OUT_DIR/gpu.csv" || true
+for stage in env inference train; do
+  case $stage in env) limit=$T_ENV ;; inference) limit=$T_INF ;; train) limit=$T_TRAIN ;; esac
+  # shellcheck disable=SC2086  # SIZES is a list of overrides
+  section "suite $stage" "$limit" "$PY" -m sample_fast.benchmark preset=gpu "stages=[$stage]" \
+    "out_dir=$OUT_DIR" "out_name=gpu_$stage" "title=sample_fast GPU suite: $stage stage" progress=false $SIZES "$@"
+done
+if [ -f benchmarks/bench_advantages.py ]; then
+  # shellcheck disable=SC2086
+  section "advantage kernels" "$T_ADV" "$PY" benchmarks/bench_advantages.py $ADV_ARGS
+else
+  echo "gpu_suite: benchmarks/bench_advantages.py not found; advantage kernels skipped"
+fi
+{
+  echo "# sample_fast GPU suite ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname))"
+  echo
+  for f in "$OUT_DIR"/gpu_env.md "$OUT_DIR"/gpu_inference.md "$OUT_DIR"/gpu_train.md "$OUT_DIR"/advantages_*.md; do
+    [ -f "$f" ] && { cat "$f"; echo; }
+  done
+} > "$OUT_DIR/gpu_suite.md"
+echo "gpu_suite: results in $OUT_DIR (summary: $OUT_DIR/gpu_suite.md)"
+exit $status
