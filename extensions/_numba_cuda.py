@@ -11,12 +11,21 @@ Equations and episode rules are exactly those of ``_reference.py``.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from numba import cuda
 
-# PERF: 256 threads per block keeps every SM busy from B ~ 35k columns on an H100/H200 (132 SMs x 256 threads).
+# PERF: one thread per column gives only B threads in all, so at small B the block size decides how many SMs
+# take part: 256-thread blocks for B >= 32768 (>= 128 blocks), else 64-thread blocks to spread the columns over
+# 4x more SMs. Reasoned from the occupancy model, not yet measured: `bench_advantages.py --device cuda
+# --num-envs N` is the check.
 THREADS_PER_BLOCK = 256
+SMALL_THREADS_PER_BLOCK = 64
+
+# numba warns on every new grid below 128 blocks; here the grid is set by the number of envs, so the warning is
+# not actionable (the block size above already spreads small grids out).
+warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result in GPU under-utilization")
 
 
 @cuda.jit(cache=True)
@@ -99,8 +108,10 @@ def _vtrace_kernel(
         vs_after = vs_t
 
 
-def _grid(num_columns: int) -> int:
-    return max(1, (num_columns + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK)
+def _launch_shape(num_columns: int) -> tuple[int, int]:
+    """(blocks, threads per block) covering num_columns with one thread each."""
+    threads = THREADS_PER_BLOCK if num_columns >= 128 * THREADS_PER_BLOCK else SMALL_THREADS_PER_BLOCK
+    return max(1, (num_columns + threads - 1) // threads), threads
 
 
 def launch_gae(
@@ -108,7 +119,8 @@ def launch_gae(
 ):
     """Launch the GAE kernel on numba-accepted arrays (all ``[T, B]`` except ``bootstrap_value`` ``[B]``)."""
     scalar = np.dtype(rewards.dtype).type
-    _gae_kernel[_grid(rewards.shape[1]), THREADS_PER_BLOCK, stream](
+    blocks, threads = _launch_shape(rewards.shape[1])
+    _gae_kernel[blocks, threads, stream](
         rewards,
         values,
         bootstrap_value,
@@ -141,7 +153,8 @@ def launch_vtrace(
 ):
     """Launch the V-trace kernel on numba-accepted arrays; see ``launch_gae``."""
     scalar = np.dtype(rewards.dtype).type
-    _vtrace_kernel[_grid(rewards.shape[1]), THREADS_PER_BLOCK, stream](
+    blocks, threads = _launch_shape(rewards.shape[1])
+    _vtrace_kernel[blocks, threads, stream](
         behavior_logp,
         target_logp,
         rewards,

@@ -528,7 +528,7 @@ SIMULATOR_SCRIPT = textwrap.dedent(
 def test_cuda_kernel_in_simulator_matches_reference(tmp_path: Path):
     cases = {}
     data = {}
-    shapes = [(1, 1), (1, 64), (7, 33), (33, 1), (33, 64), (7, 64)]
+    shapes = [(1, 1), (1, 64), (7, 33), (33, 1), (33, 64), (7, 64), (7, 130)]  # 130: three 64-thread blocks
     clips = [(1.0, 1.0), (2.0, 1.0), (math.inf, math.inf)]
     for i, (num_steps, num_envs) in enumerate(shapes):
         for dtype in (torch.float64, torch.float32):
