@@ -299,7 +299,7 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
     _positive("learner.num_minibatches", num_minibatches)
     if batch % num_minibatches:
         divisors = [d for d in range(1, min(batch, 64) + 1) if batch % d == 0]
-        near = min(divisors, key=lambda d: abs(d - num_minibatches))
+        near = min(divisors, key=lambda d: (abs(d - num_minibatches), -d))  # ties: the larger one
         raise ConfigError(
             f"learner.num_minibatches={num_minibatches} must divide the batch of {batch} env steps "
             f"(sampler.rollout_len={sampler.rollout_len} x env.num_envs/sampler.num_splits="

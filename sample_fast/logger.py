@@ -269,7 +269,9 @@ class ProgressLogger:
         self._live.start()
 
     def _update_rich(self, env_steps: int, row: dict[str, Any] | None) -> None:
-        fields = {"stats": self._summary(row)} if row is not None else {}
+        # the bar line stays short (narrow terminals); the full row is printed above it by _print_row
+        short = f"fps {_fmt(row['fps'])}  return {_fmt(row['episode_return_mean'])}" if row is not None else None
+        fields = {"stats": short} if short is not None else {}
         self._live.update(self._task, completed=min(env_steps, self.total_env_steps), **fields)
 
 
