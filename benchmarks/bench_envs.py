@@ -10,6 +10,9 @@ batch size it times, interleaved round-robin so machine load hits every contende
   ``batch_size=N``, send/recv);
 * ``gym_sync``: gymnasium's ``SyncVectorEnv`` of ``<Task>-v5``.
 
+Besides wall-clock steps/s it records the process CPU time per agent step (all threads), which stays meaningful
+when other processes load the machine: wall ratios then measure scheduler share as much as efficiency.
+
     python benchmarks/bench_envs.py [--quick] [--envs ant] [--num-envs 64 256] [--backend mujoco|mjx]
 
 Writes ``benchmarks/results/envs_cpu.json`` and ``.md`` (``envs_<backend>_<device>`` for other backends): median, min
@@ -154,11 +157,13 @@ class GymSync(Contender):
         self.env.close()
 
 
-def _time(c: Contender, n: int, num_steps: int) -> float:
-    t0 = time.perf_counter()
+def _time(c: Contender, n: int, num_steps: int) -> tuple[float, float]:
+    """Agent steps per wall second, and this process's CPU time (all its threads) per agent step in µs."""
+    t0, c0 = time.perf_counter(), time.process_time()
     for k in range(num_steps):
         c.step(k)
-    return n * num_steps / (time.perf_counter() - t0)
+    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    return n * num_steps / wall_s, cpu_s / (n * num_steps) * 1e6
 
 
 def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -176,6 +181,7 @@ def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         except Exception as e:  # a peer that does not install here is reported, not fatal
             print(f"  skipped a contender: {type(e).__name__}: {e}")
     rates: dict[str, list[float]] = {c.name: [] for c in contenders}
+    cpu_us: dict[str, list[float]] = {c.name: [] for c in contenders}
     # Size each timed block to ~args.seconds at a nominal rate, per contender (slow ones get fewer steps).
     nominal = {"gym_sync": 5000.0}
     try:
@@ -185,7 +191,9 @@ def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.repeats):
             for c in contenders:  # PERF: round-robin so background load spreads over all contenders
                 num_steps = max(3, int(args.seconds * nominal.get(c.name, 12000.0) / n))
-                rates[c.name].append(_time(c, n, num_steps))
+                rate, cpu = _time(c, n, num_steps)
+                rates[c.name].append(rate)
+                cpu_us[c.name].append(cpu)
     finally:
         for c in contenders:
             c.close()
@@ -198,10 +206,16 @@ def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
             "max": max(r),
             "repeats": r,
             "physics_steps_per_s": statistics.median(r) * c.frame_skip,
+            # Load-robust efficiency: CPU time the contender's process spent per agent step (all threads).
+            "cpu_us_per_step": statistics.median(cpu_us[c.name]),
         }
     ours = out["results"][contenders[0].name]["median"]
-    out["ratios"] = {
-        f"ours/{name}": ours / res["median"] for name, res in out["results"].items() if name != contenders[0].name
+    ours_cpu = out["results"][contenders[0].name]["cpu_us_per_step"]
+    others = [name for name in out["results"] if name != contenders[0].name]
+    out["ratios"] = {f"ours/{name}": ours / out["results"][name]["median"] for name in others}
+    # > 1 means ours needs less CPU per step than the peer: the ratio to expect on an idle machine
+    out["cpu_efficiency_ratios"] = {
+        f"ours/{name}": out["results"][name]["cpu_us_per_step"] / ours_cpu for name in others
     }
     return out
 
@@ -243,14 +257,20 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines += [
             f"## {case['task']}, {case['num_envs']} envs, frame_skip {case['frame_skip']}",
             "",
-            "| contender | steps/s | physics steps/s |",
-            "|---|---|---|",
+            "| contender | steps/s | physics steps/s | CPU µs per step |",
+            "|---|---|---|---|",
         ]
         for name, r in case["results"].items():
             lines.append(
-                f"| {name} | {r['median']:,.0f} [{r['min']:,.0f}-{r['max']:,.0f}] | {r['physics_steps_per_s']:,.0f} |"
+                f"| {name} | {r['median']:,.0f} [{r['min']:,.0f}-{r['max']:,.0f}] | {r['physics_steps_per_s']:,.0f} "
+                f"| {r['cpu_us_per_step']:.1f} |"
             )
-        lines += ["", "Ratios: " + ", ".join(f"{k} = {v:.2f}" for k, v in case["ratios"].items()), ""]
+        lines += ["", "Throughput ratios: " + ", ".join(f"{k} = {v:.2f}" for k, v in case["ratios"].items()), ""]
+        lines += [
+            "CPU-efficiency ratios (peer's CPU per step / ours): "
+            + ", ".join(f"{k} = {v:.2f}" for k, v in case["cpu_efficiency_ratios"].items()),
+            "",
+        ]
     if report.get("notes"):
         lines += ["## Notes", "", report["notes"], ""]
     return "\n".join(lines)
@@ -287,8 +307,12 @@ def main() -> None:
             print(f"{task} x {n}:")
             case = run_case(task, n, args)
             for name, r in case["results"].items():
-                print(f"  {name:>14}: {r['median']:>9,.0f} steps/s  [{r['min']:,.0f}-{r['max']:,.0f}]")
-            print("  " + ", ".join(f"{k} = {v:.2f}" for k, v in case["ratios"].items()))
+                print(
+                    f"  {name:>14}: {r['median']:>9,.0f} steps/s  [{r['min']:,.0f}-{r['max']:,.0f}]  "
+                    f"{r['cpu_us_per_step']:.1f} CPU µs/step"
+                )
+            print("  throughput " + ", ".join(f"{k} = {v:.2f}" for k, v in case["ratios"].items()))
+            print("  cpu-efficiency " + ", ".join(f"{k} = {v:.2f}" for k, v in case["cpu_efficiency_ratios"].items()))
             report["cases"].append(case)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     device = "gpu" if args.backend == "mjx" and torch.cuda.is_available() else "cpu"
