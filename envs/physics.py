@@ -18,7 +18,8 @@ from .tasks import ModelConsts, TaskDef
 
 
 def build_model(task: TaskDef, opts: dict[str, Any], xml: str | None = None) -> mujoco.MjModel:
-    """Compile the task's model with ``opts`` applied. ``xml`` overrides the task's file (custom robots)."""
+    """Compile the task's model with ``opts`` applied. ``xml`` (MJCF text) overrides the task's own XML."""
+    xml = xml if xml is not None else task.xml_string
     try:
         spec = mujoco.MjSpec.from_string(xml) if xml is not None else mujoco.MjSpec.from_file(task.xml_path)
     except Exception as e:  # MuJoCo's parser error names line and element

@@ -74,11 +74,13 @@ class TaskDef:
     reward: Callable[..., Any]
     reset_noise: str  # "uniform" (qpos and qvel uniform) or "uniform_normal" (qpos uniform, qvel normal)
     feet: tuple[str, ...] = ()  # geoms that touch the floor with contacts="feet"
+    xml_string: str | None = field(default=None, repr=False)  # MJCF text; when set, used instead of xml_file
     obs_size: Callable[[ModelConsts, dict[str, Any]], int] = field(repr=False, default=None)  # type: ignore[assignment]
 
     @property
     def xml_path(self) -> str:
-        return os.path.join(GYM_ASSETS, self.xml_file)
+        """The MJCF file: ``xml_file`` itself when absolute (custom robots), else gymnasium's asset of that name."""
+        return os.path.join(GYM_ASSETS, self.xml_file)  # join() returns xml_file unchanged when it is absolute
 
 
 #: Options every task accepts: episode length and MuJoCo model options (used on both mujoco and mjx backends, so
@@ -367,6 +369,18 @@ TASKS: dict[str, TaskDef] = {
 #: Ant with gymnasium Ant-v4's defaults (27-dim observation, no contact cost, healthy reward while terminating):
 #: ``make("ant", n, **ANT_V4_OPTIONS)``. Used to compare with peers that train Ant-v4.
 ANT_V4_OPTIONS: dict[str, Any] = {"include_cfrc_ext_in_observation": False, "contact_cost_weight": 0.0}
+
+
+def register_task(task: TaskDef, overwrite: bool = False) -> TaskDef:
+    """Add ``task`` to ``TASKS`` so ``make(task.name, ...)`` builds it on the mujoco and mjx backends."""
+    from .base import EnvError
+
+    if task.name in TASKS and not overwrite:
+        raise EnvError(f"a task named {task.name!r} exists already; pick another name or pass overwrite=True")
+    if task.name == "toy" or task.name.startswith("gymnasium:"):
+        raise EnvError(f"task name {task.name!r} is reserved; pick another name")
+    TASKS[task.name] = task
+    return task
 
 
 def resolve_options(task: TaskDef, given: dict[str, Any], backend_options: dict[str, Any]) -> dict[str, Any]:
