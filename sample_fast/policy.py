@@ -17,6 +17,13 @@ from sample_fast.envs import Spec
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+#: In-place forms of the activations, for the no-grad inference path.
+_INPLACE = {
+    "tanh": torch.tanh_,
+    "relu": torch.relu_,
+    "elu": nn.functional.elu_,
+    "silu": lambda x: nn.functional.silu(x, inplace=True),
+}
 
 
 class PolicyConfigError(ValueError):
@@ -145,11 +152,25 @@ class ActorCritic(nn.Module):
         if not self.is_discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(cfg.init_log_std)))
         self.normalizer = RunningNormalizer(self.obs_dim, cfg.obs_clip) if cfg.normalize_obs else None
+        # Linear layers of each MLP, for the inference path (modules, not tensors: .to(), load_state_dict and deepcopy
+        # stay safe).
+        self._actor_linears = [layer for layer in self.actor if isinstance(layer, nn.Linear)]
+        self._critic_linears = [layer for layer in self.critic if isinstance(layer, nn.Linear)]
 
     # ----- helpers ------------------------------------------------------------------------------------------------
     def _features(self, obs: Tensor) -> Tensor:
         x = obs.reshape(obs.shape[0], self.obs_dim)
         return self.normalizer(x) if self.normalizer is not None else x
+
+    def _infer_mlp(self, layers: list[nn.Linear], x: Tensor) -> Tensor:
+        # PERF: addmm + in-place activation on the layers' own parameters, skipping nn.Module.__call__: ~15% less
+        # time than mlp(x) for 2x256 at N=64 (the sampler's per-split batch), where per-call overhead dominates.
+        # No-grad only (in-place activations).
+        act = _INPLACE[self.cfg.activation]
+        for linear in layers[:-1]:
+            x = act(torch.addmm(linear.bias, x, linear.weight.t()))
+        last = layers[-1]
+        return torch.addmm(last.bias, x, last.weight.t())
 
     def _log_std(self) -> Tensor:
         return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
@@ -169,8 +190,8 @@ class ActorCritic(nn.Module):
         # PERF: the sampler's hot path (~3 us/sample for 2x256 on 2 threads): one normalise, two MLPs, a few
         # elementwise ops; no torch.distributions objects, no extra copies.
         x = self._features(obs)
-        out = self.actor(x).float()
-        values = self.critic(x).float().squeeze(-1)
+        out = self._infer_mlp(self._actor_linears, x)
+        values = self._infer_mlp(self._critic_linears, x).squeeze(-1)
         if self.is_discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             if deterministic:
@@ -180,14 +201,13 @@ class ActorCritic(nn.Module):
             logp = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
             return actions, logp, values
         log_std = self._log_std()
+        # log N(a; mean, std) = -0.5 * sum(z^2) - (sum(log_std) + d * log(sqrt(2 pi))), with z = noise exactly.
+        log_norm = log_std.sum() + self.act_dim * _LOG_SQRT_2PI
         if deterministic:
-            actions = out
-            logp = (-log_std - _LOG_SQRT_2PI).sum().expand(out.shape[0])
-        else:
-            noise = torch.randn_like(out)
-            actions = out + noise * torch.exp(log_std)
-            # z == noise exactly, so the log-prob needs no division.
-            logp = (-0.5 * noise.square() - log_std - _LOG_SQRT_2PI).sum(dim=-1)
+            return out.reshape(obs.shape[0], *self.act_shape), (-log_norm).expand(out.shape[0]).clone(), values
+        noise = torch.randn_like(out)
+        actions = torch.addcmul(out, noise, log_std.exp())
+        logp = noise.square().sum(dim=-1).mul_(-0.5).sub_(log_norm)
         return actions.reshape(obs.shape[0], *self.act_shape), logp, values
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -124,3 +124,25 @@ def test_bad_config_is_rejected_with_a_fix():
         ActorCritic(OBS, CONT, PolicyConfig(activation="sigmoidish"))
     with pytest.raises(PolicyConfigError, match="hidden_sizes"):
         ActorCritic(OBS, CONT, PolicyConfig(hidden_sizes=[]))
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu", "silu"])
+def test_fast_inference_path_matches_modules_after_copy_and_load(activation):
+    # act() runs the layers' parameters directly (no nn.Module calls): it must follow deepcopy, load_state_dict
+    # and every activation exactly like the modules do.
+    import copy
+
+    torch.manual_seed(3)
+    pol = ActorCritic(OBS, CONT, PolicyConfig(hidden_sizes=[16, 16], activation=activation, actor_out_gain=1.0))
+    clone = copy.deepcopy(pol)
+    with torch.no_grad():
+        for p in clone.parameters():
+            p.add_(0.1)
+    obs = torch.randn(7, 5)
+    for policy in (pol, clone):
+        actions, _, values = policy.act(obs, deterministic=True)
+        torch.testing.assert_close(actions, policy.actor(policy.normalizer(obs)))
+        torch.testing.assert_close(values, policy.critic(policy.normalizer(obs)).squeeze(-1))
+    assert not torch.allclose(pol.act(obs, deterministic=True)[0], clone.act(obs, deterministic=True)[0])
+    pol.load_state_dict(clone.state_dict())
+    torch.testing.assert_close(pol.act(obs, deterministic=True)[0], clone.act(obs, deterministic=True)[0])
