@@ -29,7 +29,7 @@ from sample_fast.envs import make
 
 from sample_fast.learner import Learner, LearnerConfig
 from sample_fast.policy import ActorCritic, PolicyConfig
-from sample_fast.procs import cpu_seconds, rss_bytes
+from sample_fast.procs import CTRL_SAMPLER_STEPS, cpu_seconds, rss_bytes
 from sample_fast.runner import Runner
 from sample_fast.sampler import Sampler, SamplerConfig, build_split_envs
 from sample_fast.trajectory_store import TrajectoryStore
@@ -51,8 +51,8 @@ def make_learner(policy: ActorCritic) -> Learner:
     return Learner(policy, LearnerConfig(), device="cpu")
 
 
-def bench_env_only(args, seconds: float) -> float:
-    """Steps/s of one env of N envs with fixed random actions (no policy)."""
+def bench_env_only(args, seconds: float) -> tuple[float, float]:
+    """(steps per wall second, steps per CPU second) of one env of N envs with fixed random actions."""
     env = make_env(args.env, args.backend, args.num_envs, args.env_threads_total, args.device)
     try:
         env.reset(seed=0)
@@ -61,12 +61,13 @@ def bench_env_only(args, seconds: float) -> float:
         actions = [(torch.rand((env.num_envs, *spec.shape), generator=gen) * 2 - 1).to(env.device) for _ in range(8)]
         for i in range(20):  # warm-up
             env.step(actions[i % 8])
-        n, t0 = 0, time.perf_counter()
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds:
             env.step(actions[n % 8])
             n += 1
         _sync(env.device)
-        return n * env.num_envs / (time.perf_counter() - t0)
+        steps = n * env.num_envs
+        return steps / (time.perf_counter() - t0), steps / max(time.process_time() - c0, 1e-9)
     finally:
         env.close()
 
@@ -76,8 +77,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # SYNC: timing boundary
 
 
-def bench_sampler(args, seconds: float) -> float:
-    """Steps/s of the double-buffered Sampler with ActorCritic inference; slots are freed as soon as READY."""
+def bench_sampler(args, seconds: float) -> tuple[float, float]:
+    """(steps per wall second, steps per CPU second) of the double-buffered Sampler with ActorCritic inference;
+    slots are freed as soon as they are READY."""
     cfg = SamplerConfig(
         rollout_len=args.rollout_len,
         num_splits=args.num_splits,
@@ -104,13 +106,14 @@ def bench_sampler(args, seconds: float) -> float:
         for _ in range(20):
             sampler.advance(0.0)
             drain()
-        passes, t0 = 0, time.perf_counter()
+        passes, t0, c0 = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds:
             sampler.advance(0.0)
             drain()
             passes += 1
         _sync(envs[0].device)
-        return passes * args.num_envs / (time.perf_counter() - t0)
+        steps = passes * args.num_envs
+        return steps / (time.perf_counter() - t0), steps / max(time.process_time() - c0, 1e-9)
     finally:
         torch.set_num_threads(prev)
         sampler.close()
@@ -141,7 +144,7 @@ class _Probe:
                 "sampler_rss_mb": rss_bytes(child) / 2**20 if child else 0.0,
                 "main_cpu_s": cpu_seconds(),
                 "sampler_cpu_s": cpu_seconds(child) if child else 0.0,
-                "sampler_env_steps": float(runner.control[3]) if runner.process is not None else 0.0,
+                "sampler_env_steps": float(runner.control[CTRL_SAMPLER_STEPS]) if runner.process is not None else 0.0,
             }
         )
 
@@ -266,11 +269,23 @@ def main() -> None:
 
     rounds = []
     for r in range(args.rounds):
-        env_only = bench_env_only(args, args.seconds)
-        sampler = bench_sampler(args, args.seconds)
-        rounds.append({"env_only": env_only, "sampler": sampler, "ratio": sampler / env_only})
+        env_only, env_only_cpu = bench_env_only(args, args.seconds)
+        sampler, sampler_cpu = bench_sampler(args, args.seconds)
+        rounds.append(
+            {
+                "env_only": env_only,
+                "sampler": sampler,
+                "ratio": sampler / env_only,
+                "env_only_per_cpu_s": env_only_cpu,
+                "sampler_per_cpu_s": sampler_cpu,
+                "cpu_ratio": sampler_cpu / env_only_cpu,
+                "loadavg": os.getloadavg()[0],
+            }
+        )
         print(
-            f"round {r}: env-only {env_only:9.0f}  sampler+inference {sampler:9.0f}  ratio {sampler / env_only:.3f}",
+            f"round {r}: env-only {env_only:8.0f}/s ({env_only_cpu:6.0f}/cpu-s)  sampler+inference {sampler:8.0f}/s "
+            f"({sampler_cpu:6.0f}/cpu-s)  ratio {sampler / env_only:.3f} (cpu {sampler_cpu / env_only_cpu:.3f}) "
+            f"load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
     result = {
@@ -279,6 +294,7 @@ def main() -> None:
         "env_only_median": statistics.median(x["env_only"] for x in rounds),
         "sampler_median": statistics.median(x["sampler"] for x in rounds),
         "ratio_median": statistics.median(x["ratio"] for x in rounds),
+        "cpu_ratio_median": statistics.median(x["cpu_ratio"] for x in rounds),
     }
     if not args.skip_async:
         a = bench_async(args, args.async_seconds, sample_every_s=2.0)

@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 
 from sample_fast.param_store import ParamStore
 from sample_fast.procs import (
+    CTRL_LEARNER_HEARTBEAT,
     CTRL_SAMPLER_HEARTBEAT,
     CTRL_SAMPLER_READY,
     CTRL_SAMPLER_STEPS,
@@ -268,6 +269,8 @@ class Runner:
     # ----- loop -----------------------------------------------------------------------------------------------
     def _loop(self, total_env_steps: int, time_limit_s: float | None) -> str:
         while True:
+            if self.mode == "async":
+                self.control[CTRL_LEARNER_HEARTBEAT] = time.time()  # read by monitoring (bench), cheap
             if self._stop_requested:
                 return "stop_requested"
             if self.env_steps >= total_env_steps:

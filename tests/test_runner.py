@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -227,11 +226,28 @@ def test_stalled_sampler_is_reported_with_its_stack():
 
 
 _SIGTERM_SCRIPT = """
-import functools, sys, time
-sys.path.insert(0, {tests_dir!r})
-from test_runner import CheckingLearner, VersionPolicy, _cfg
-from test_sampler import toy_env
+import functools, math, time
+import torch
+from sample_fast.envs import make
 from sample_fast.runner import Runner
+from sample_fast.sampler import SamplerConfig
+
+class Policy(torch.nn.Module):  # a minimal ActorCritic stand-in (self-contained: the child imports only this file)
+    def __init__(self):
+        super().__init__()
+        self.mean = torch.nn.Parameter(torch.zeros(2))
+    @torch.no_grad()
+    def act(self, obs, deterministic=False):
+        noise = torch.randn(obs.shape[0], 2)
+        return self.mean + 0.1 * noise, (-0.5 * noise.square()).sum(-1), obs.sum(-1)
+
+class Learner:
+    def __init__(self, policy):
+        self.policy, self.policy_version = policy, 0
+    def train(self, batch):
+        self.policy_version += 1
+        time.sleep(0.01)
+        return {}
 
 class Hooks:
     def on_train(self, env_steps, metrics):
@@ -241,23 +257,23 @@ class Hooks:
         print("ON_STOP", reason, runner.process.is_alive(), flush=True)
 
 if __name__ == "__main__":
-    runner = Runner(functools.partial(toy_env, 6), VersionPolicy, functools.partial(CheckingLearner, delay_s=0.01),
-                    _cfg(), mode="async", hooks=Hooks())
+    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0, poll_s=0.05)
+    runner = Runner(functools.partial(make, "toy", 6), Policy, Learner, cfg, mode="async", hooks=Hooks())
     summary = runner.run(total_env_steps=10**9)
     print("SUMMARY", summary["reason"], flush=True)
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # ~20 s on an idle machine; two fresh interpreters under heavy load take far longer
 def test_sigterm_stops_a_runner_cleanly(tmp_path):
     before = shm_entries()
     script = tmp_path / "run_until_sigterm.py"
-    script.write_text(textwrap.dedent(_SIGTERM_SCRIPT.format(tests_dir=os.path.dirname(__file__))))
+    script.write_text(_SIGTERM_SCRIPT)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
         child_pid = None
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240
         while child_pid is None and time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line:
