@@ -185,3 +185,17 @@ def test_closed_env_rejects_calls_and_context_manager_closes(case_id):
     with pytest.raises(EnvError, match="is closed"):
         e.reset()
     e.close()  # closing twice is harmless
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case_id", ["toy", "toy-discrete", "gymnasium", "envpool"])
+def test_cuda_device(case_id):
+    with _make_case(case_id, device="cuda") as e:
+        obs, _ = e.reset()
+        assert obs.device.type == "cuda"
+        res = e.step(_valid_actions(e))
+        assert res.obs.device.type == "cuda" and res.reward.device.type == "cuda"
+        assert res.info["final_obs"].device.type == "cuda" and res.info["episode_length"].device.type == "cuda"
+        with pytest.raises(EnvError, match="actions are on cpu"):
+            e.step(_valid_actions(e).cpu())
