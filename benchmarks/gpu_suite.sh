@@ -19,7 +19,7 @@ if [ "${GPU_SUITE_SMOKE:-0}" = "1" ]; then
   SIZES="device=cpu num_envs=[8] repeats=1 seconds_per_repeat=0.3 warmup_s=0 peers=[] measure_timeout_s=240"
   SIZES="$SIZES train.rollout_len=8"
   T_ENV=300; T_INF=300; T_TRAIN=300; T_ADV=120
-  ADV_ARGS="--device cpu --quick --num-envs 256 --rounds 2 --out $OUT_DIR/advantages_smoke"
+  ADV_ARGS="--device cpu --quick --num-envs 256 --rounds 5 --out $OUT_DIR/advantages_smoke"
 else
   SIZES=""
   T_ENV=150; T_INF=150; T_TRAIN=180; T_ADV=60   # 540 s of sections + start-up < 10 min

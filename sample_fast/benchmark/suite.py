@@ -202,7 +202,7 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
         "physical_limit": limits,
         "best_peer": peers,
     }
-    console.print(summary_table(report))
+    console.print(summary_table(report), width=max(console.width, 150))
     if write:
         paths = write_report(report, cfg.out_dir, cfg.out_name)
         report["files"] = paths
