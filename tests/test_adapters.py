@@ -1,0 +1,265 @@
+"""Tests of envs/adapters.py: each adapter through its ecosystem's own checker, plus behaviour against an
+independent expectation (gymnasium's own SyncVectorEnv in SAME_STEP mode; a manual loop on a twin BatchedEnv with
+the same seed for TorchRL; an rl_games-style driver loop for the VecTask interface).
+
+Gymnasium 1.4 ships no checker for vector envs (``gymnasium.utils.env_checker.check_env`` takes a single
+``gymnasium.Env``), so the vector adapter is checked against ``SyncVectorEnv(autoreset_mode=SAME_STEP)`` built from
+single-env views (which themselves pass ``check_env``), value for value, on a deterministic custom MuJoCo arm.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from sample_fast.envs import EnvError, make
+from sample_fast.envs.adapters import GymnasiumSingleEnv, GymnasiumVectorEnv, TorchRLEnv, VecTaskEnv
+from sample_fast.envs.custom import register_robot
+
+# A planar two-link arm with no contacts and no reset noise: fully deterministic on the mujoco backend.
+ARM_XML = """
+<mujoco model="adapter_arm">
+  <option timestep="0.01"/>
+  <worldbody>
+    <body name="upper">
+      <joint name="shoulder" type="hinge" axis="0 0 1" damping="0.1"/>
+      <geom type="capsule" fromto="0 0 0 0.5 0 0" size="0.04" mass="1" contype="0" conaffinity="0"/>
+      <body name="fore" pos="0.5 0 0">
+        <joint name="elbow" type="hinge" axis="0 0 1" damping="0.1"/>
+        <geom type="capsule" fromto="0 0 0 0.5 0 0" size="0.04" mass="1" contype="0" conaffinity="0"/>
+      </body>
+    </body>
+  </worldbody>
+  <actuator>
+    <motor joint="shoulder" ctrlrange="-1 1" ctrllimited="true"/>
+    <motor joint="elbow" ctrlrange="-1 1" ctrllimited="true"/>
+  </actuator>
+</mujoco>
+"""
+
+
+def _arm_obs(xp, p):
+    return xp.concatenate([p.qpos, p.qvel], axis=-1)
+
+
+def _arm_reward(xp, p, a):
+    return -xp.abs(p.qpos[..., 0] - 0.5) - 0.01 * xp.sum(a * a, axis=-1)
+
+
+def _arm_terminated(xp, p):
+    return p.qpos[..., 0] > 0.3  # the shoulder passes 0.3 rad: reached within a few steps under +1 torque
+
+
+@pytest.fixture(scope="module")
+def arm_name():
+    register_robot(
+        "adapter_arm",
+        ARM_XML,
+        _arm_obs,
+        _arm_reward,
+        _arm_terminated,
+        max_episode_steps=7,
+        check_jax=False,
+        overwrite=True,
+    )
+    return "adapter_arm"
+
+
+# ----- gymnasium ----------------------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["continuous", "discrete"])
+def test_gymnasium_single_env_passes_check_env(kind):
+    env = GymnasiumSingleEnv(make("toy", 1, kind=kind, terminate_on_miss=True))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*infinity.*")  # toy observations are unbounded by design
+        check_env(env, skip_render_check=True)
+    assert isinstance(env.action_space, gym.spaces.Discrete if kind == "discrete" else gym.spaces.Box)
+
+
+@pytest.mark.timeout(60)
+def test_gymnasium_single_env_check_env_custom_arm(arm_name):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*infinity.*")
+        check_env(GymnasiumSingleEnv(make(arm_name, 1, backend="mujoco")), skip_render_check=True)
+
+
+@pytest.mark.timeout(60)
+def test_gymnasium_vector_matches_sync_vector_env_same_step(arm_name):
+    """Our VectorEnv equals gymnasium's own SyncVectorEnv(SAME_STEP) over single-env views, step for step,
+    including the object-array final_obs and its masks, through terminations and time-limit truncations."""
+    num_envs, num_steps = 3, 20
+    ours = GymnasiumVectorEnv(make(arm_name, num_envs, backend="mujoco", num_threads=1))
+    ref = SyncVectorEnv(
+        [lambda: GymnasiumSingleEnv(make(arm_name, 1, backend="mujoco", num_threads=1)) for _ in range(num_envs)],
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    assert ours.metadata["autoreset_mode"] == ref.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+    assert ours.single_observation_space == ref.single_observation_space
+    assert ours.single_action_space == ref.single_action_space
+    assert ours.observation_space == ref.observation_space and ours.action_space == ref.action_space
+    o1, _ = ours.reset(seed=0)
+    o2, _ = ref.reset(seed=0)
+    np.testing.assert_array_equal(o1, o2)
+    rng = np.random.default_rng(0)
+    # env 0 pushes the shoulder to termination, env 1 idles into the time limit, env 2 acts randomly
+    num_done = 0
+    for t in range(num_steps):
+        actions = np.stack([[1.0, 0.0], [0.0, 0.0], rng.uniform(-1, 1, 2)]).astype(np.float32)
+        r1, r2 = ours.step(actions), ref.step(actions)
+        for a, b in zip(r1[:4], r2[:4], strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+        assert r1[0].dtype == r2[0].dtype == np.float32 and r1[2].dtype == r2[2].dtype == np.bool_
+        assert r1[1].dtype == np.float32  # SyncVectorEnv's reward buffer is float64; our rewards are float32
+        i1, i2 = r1[4], r2[4]
+        assert ours.observation_space.contains(r1[0])
+        done = r1[2] | r1[3]
+        num_done += int(done.sum())
+        if done.any():
+            np.testing.assert_array_equal(i1["_final_obs"], i2["_final_obs"])
+            np.testing.assert_array_equal(i1["_final_info"], i2["_final_info"])
+            for i in np.flatnonzero(done):
+                np.testing.assert_allclose(i1["final_obs"][i], i2["final_obs"][i], atol=1e-6)
+                assert i1["final_obs"][i].dtype == np.float32
+            assert all(i1["final_obs"][i] is None for i in np.flatnonzero(~done))
+        else:
+            assert "final_obs" not in i1 and "final_obs" not in i2
+    assert num_done >= 3  # both the terminated and the truncated paths were exercised
+    ours.close()
+    ref.close()
+
+
+@pytest.mark.timeout(60)
+def test_gymnasium_vector_episode_stats_match_record_episode_statistics():
+    """gymnasium's own RecordEpisodeStatistics vector wrapper sees the same returns we report in final_info."""
+    env = gym.wrappers.vector.RecordEpisodeStatistics(GymnasiumVectorEnv(make("toy", 4, max_episode_steps=5)))
+    env.reset(seed=3)
+    seen = 0
+    for _ in range(12):
+        _, _, term, trunc, info = env.step(env.action_space.sample())
+        if "episode" in info:
+            mask = info["_episode"]
+            np.testing.assert_allclose(info["episode"]["r"][mask], info["final_info"]["episode_return"][mask], 1e-5)
+            np.testing.assert_array_equal(info["episode"]["l"][mask], info["final_info"]["episode_length"][mask])
+            np.testing.assert_array_equal(info["episode"]["l"][mask], 5)  # toy: every episode is truncated at 5
+            seen += int(mask.sum())
+    assert seen == 8  # steps 5 and 10, four envs each
+    env.close()
+
+
+def test_gymnasium_rejects_bad_input():
+    with pytest.raises(EnvError, match="num_envs=1"):
+        GymnasiumSingleEnv(make("toy", 2))
+    v = GymnasiumVectorEnv(make("toy", 2))
+    with pytest.raises(EnvError, match="seed must be an int"):
+        v.reset(seed=[1, 2])
+    single = GymnasiumSingleEnv(make("toy", 1))
+    with pytest.raises(EnvError, match="call reset"):
+        single.step(np.zeros(2, np.float32))
+
+
+# ----- TorchRL ------------------------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("options", [{"terminate_on_miss": True}, {"kind": "discrete", "max_episode_steps": 4}])
+def test_torchrl_check_env_specs_toy(options):
+    from torchrl.envs.utils import check_env_specs
+
+    env = TorchRLEnv(make("toy", 3, **options))
+    assert env.batch_size == torch.Size([3])
+    check_env_specs(env, break_when_any_done="both")
+
+
+@pytest.mark.timeout(60)
+def test_torchrl_check_env_specs_custom_arm(arm_name):
+    from torchrl.envs.utils import check_env_specs
+
+    check_env_specs(TorchRLEnv(make(arm_name, 2, backend="mujoco", num_threads=1)), break_when_any_done="both")
+
+
+@pytest.mark.timeout(60)
+def test_torchrl_rollout_equals_batched_env_loop():
+    """A TorchRL rollout through episode ends (partial "_reset" masks) equals a hand loop on a twin env: the
+    ("next", "observation") of a done step is the ended episode's last obs, the next "observation" the new first."""
+    num_envs, num_steps = 3, 13
+    env = TorchRLEnv(make("toy", num_envs, seed=5, max_episode_steps=4, terminate_on_miss=True))
+    env.set_seed(7)
+    td = env.rollout(num_steps, break_when_any_done=False)
+    twin = make("toy", num_envs, seed=5, max_episode_steps=4, terminate_on_miss=True)
+    obs, _ = twin.reset(seed=7)
+    num_done = 0
+    for t in range(num_steps):
+        torch.testing.assert_close(td["observation"][:, t], obs)
+        res = twin.step(td["action"][:, t])
+        torch.testing.assert_close(td["next", "observation"][:, t], res.info["final_obs"])
+        torch.testing.assert_close(td["next", "reward"][:, t, 0], res.reward)
+        assert torch.equal(td["next", "terminated"][:, t, 0], res.terminated)
+        assert torch.equal(td["next", "truncated"][:, t, 0], res.truncated)
+        assert torch.equal(td["next", "done"][:, t, 0], res.terminated | res.truncated)
+        num_done += int((res.terminated | res.truncated).sum())
+        obs = res.obs
+    assert num_done > 0
+
+
+def test_torchrl_refuses_partial_reset_of_running_envs():
+    from tensordict import TensorDict
+
+    env = TorchRLEnv(make("toy", 3))
+    env.reset()
+    with pytest.raises(EnvError, match="cannot reset envs \\[1\\] alone"):
+        env.reset(TensorDict({"_reset": torch.tensor([[False], [True], [False]])}, batch_size=[3]))
+
+
+# ----- Isaac Gym VecTask / rl_games -----------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_vectask_rl_games_style_driver_loop():
+    """The loop rl_games' A2CBase.play_steps runs, reduced: obs_dict["obs"], rewards, dones, infos["time_outs"]
+    with the bootstrap term gamma * V * time_outs. Checks buffers against a twin env and the bookkeeping."""
+    num_envs, horizon, gamma = 4, 6, 0.99
+    env = VecTaskEnv(make("toy", num_envs, seed=2, max_episode_steps=horizon, terminate_on_miss=True))
+    twin = make("toy", num_envs, seed=2, max_episode_steps=horizon, terminate_on_miss=True)
+    info = env.get_env_info()
+    assert (env.num_envs, env.num_obs, env.num_actions) == (num_envs, 3, 2)
+    assert info["action_space"].shape == (2,) and info["observation_space"].shape == (3,)
+    value_head = torch.nn.Linear(env.num_obs, 1)  # stands in for the critic
+    obs_dict = env.reset()
+    twin_obs, _ = twin.reset()
+    torch.testing.assert_close(obs_dict["obs"], twin_obs)
+    current_return = torch.zeros(num_envs)
+    finished, num_terminated = [], 0
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3 * horizon):
+        actions = torch.rand(num_envs, env.num_actions, generator=gen) * 2 - 1
+        obs_dict, rewards, dones, infos = env.step(actions)
+        res = twin.step(actions)
+        assert obs_dict["obs"] is env.obs_buf and rewards is env.rew_buf and dones is env.reset_buf
+        assert dones.dtype == torch.int64
+        torch.testing.assert_close(env.obs_buf, res.obs)
+        torch.testing.assert_close(env.rew_buf, res.reward)
+        assert torch.equal(infos["time_outs"], res.truncated & ~res.terminated)
+        with torch.no_grad():  # rl_games: shaped_rewards += gamma * values * time_outs
+            shaped = rewards + gamma * value_head(infos["final_obs"]).squeeze(-1) * infos["time_outs"]
+        assert torch.equal(shaped[~infos["time_outs"]], rewards[~infos["time_outs"]])
+        current_return += rewards
+        done_idx = dones.nonzero().flatten()
+        finished += current_return[done_idx].tolist()
+        torch.testing.assert_close(current_return[done_idx], infos["episode_return"][done_idx])
+        current_return[done_idx] = 0.0
+        num_terminated += int(infos["terminated"].sum())
+        assert bool((env.progress_buf < horizon).all())
+    assert num_terminated > 0 and len(finished) >= num_terminated
+    env.close()
+
+
+def test_vectask_clips_actions_to_box():
+    env = VecTaskEnv(make("toy", 2, max_episode_steps=5), clip_actions=5.0)
+    twin = make("toy", 2, max_episode_steps=5)
+    env.reset()
+    twin.reset()
+    _, rew, _, _ = env.step(torch.full((2, 2), 3.0))  # clamped to the box [-1, 1] before the env sees it
+    torch.testing.assert_close(rew, twin.step(torch.ones(2, 2)).reward)
+    with pytest.raises(EnvError, match="flat continuous"):
+        VecTaskEnv(make("toy", 2, kind="discrete"))
