@@ -59,7 +59,7 @@ def envpool_kwargs(task: TaskDef, opts: dict[str, Any], config_keys: set[str]) -
         value = opts[key]
         if key in _SAME_NAME and key in config_keys:
             out[key] = value
-        elif key.endswith("_range") and isinstance(value, tuple):
+        elif key.endswith("_range") and isinstance(value, (tuple, list)) and len(value) == 2:
             base = key[: -len("_range")]
             for side, bound, infinite in (("min", value[0], -math.inf), ("max", value[1], math.inf)):
                 if f"{base}_{side}" in config_keys:

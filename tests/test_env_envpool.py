@@ -110,7 +110,8 @@ def test_matches_gymnasium_hopper_from_the_same_state():
 
 def test_terminated_is_not_truncated():
     # healthy_z_range (1.3, inf): Hopper starts at z ~1.25, so every env is unhealthy after its first step.
-    with make("hopper", 3, backend="envpool", healthy_z_range=(1.3, float("inf")), max_episode_steps=5) as env:
+    # Given as a list, as it arrives from a YAML config.
+    with make("hopper", 3, backend="envpool", healthy_z_range=[1.3, float("inf")], max_episode_steps=5) as env:
         env.reset()
         for _ in range(3):  # and again right after each same-step reset
             res = env.step(torch.zeros(3, 3))
