@@ -108,7 +108,7 @@ def test_gymnasium_vector_matches_sync_vector_env_same_step(arm_name):
     rng = np.random.default_rng(0)
     # env 0 pushes the shoulder to termination, env 1 idles into the time limit, env 2 acts randomly
     num_done = 0
-    for t in range(num_steps):
+    for _ in range(num_steps):
         actions = np.stack([[1.0, 0.0], [0.0, 0.0], rng.uniform(-1, 1, 2)]).astype(np.float32)
         r1, r2 = ours.step(actions), ref.step(actions)
         for a, b in zip(r1[:4], r2[:4], strict=True):
