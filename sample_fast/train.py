@@ -323,7 +323,6 @@ def train(cfg_in: DictConfig | TrainConfig) -> dict:
         total_env_steps=cfg.run.total_env_steps,
         resume_state=resume_state,
     )
-    resume_state = None  # the learner holds what it needs; free the copy
     logger = ProgressLogger(rdir, cfg.logging, cfg.run.total_env_steps, start_env_steps, start_wall_s)
     hooks = TrainHooks(cfg, ckpt, logger, start_env_steps)
     if start_env_steps >= cfg.run.total_env_steps:
@@ -335,15 +334,16 @@ def train(cfg_in: DictConfig | TrainConfig) -> dict:
         )
         return {"env_steps": start_env_steps, "run_dir": rdir}
 
-    runner = Runner(env_fn, policy_fn, learner_fn, sampler_cfg, mode=cfg.run.mode, hooks=hooks)
-    hooks.runner = runner
     try:
+        runner = Runner(env_fn, policy_fn, learner_fn, sampler_cfg, mode=cfg.run.mode, hooks=hooks)
+        hooks.runner = runner
         with StopOnSignals(runner):
             summary = runner.run(
                 cfg.run.total_env_steps, time_limit_s=cfg.run.time_limit_s, start_env_steps=start_env_steps
             )
     finally:
-        logger.close(hooks.env_steps)  # no-op when on_stop already closed it
+        # no-op when on_stop already closed it; without a runner there is no new row to write
+        logger.close(hooks.env_steps if hooks.runner is not None else None)
     summary = dict(summary or {})
     summary["run_dir"] = rdir
     print(

@@ -27,9 +27,14 @@ ENV_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
 PYTHON = sys.executable
 
 
-def _compose(*overrides: str):
+@pytest.fixture(autouse=True, scope="module")
+def _hydra():
     with initialize_config_module("sample_fast.configs", version_base="1.3"):
-        return compose("train", overrides=list(overrides))
+        yield
+
+
+def _compose(*overrides: str):
+    return compose("train", overrides=list(overrides))
 
 
 def _options(group: str) -> list[str]:
