@@ -60,6 +60,9 @@ class LearnerConfig:
     recompute_targets: str = "epoch"
     #: PPO ratio clip: ratio in [1 - clip_eps, 1 + clip_eps].
     clip_eps: float = 0.2
+    #: Dual-clip PPO (Ye et al. 2020): where A < 0 the objective is bounded by dual_clip * A (> 1); None disables.
+    #: Guards against the huge ratios a stale behaviour policy can produce.
+    dual_clip: float | None = 3.0
     #: PPO2-style value clipping around the values the targets were computed with; None disables it.
     value_clip: float | None = None
     #: Loss = policy + value_coef * value - entropy_coef * entropy + kl_coef * KL(behaviour || current).
@@ -105,6 +108,8 @@ class LearnerConfig:
         for name in ("rho_clip", "c_clip", "clip_eps", "kl_target"):
             if not getattr(self, name) > 0:
                 raise LearnerConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            raise LearnerConfigError(f"dual_clip must be > 1 (e.g. 3.0) or None, got {self.dual_clip}")
         for name in ("num_epochs", "num_minibatches", "nonfinite_patience", "good_state_interval"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -457,7 +462,9 @@ class Learner:
         cfg = self.cfg
         with self._autocast():
             target_logp, entropy, values = self.policy.evaluate(obs, actions)
-        policy_loss, clip_frac, _ = ppo_clip_loss(target_logp, behavior_logp, advantages, cfg.clip_eps, mask)
+        policy_loss, clip_frac, _ = ppo_clip_loss(
+            target_logp, behavior_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip
+        )
         v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask)
         mean_entropy = masked_mean(entropy, mask)
         kl = approx_kl(target_logp, behavior_logp, mask)

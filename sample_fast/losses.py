@@ -21,9 +21,14 @@ def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def ppo_clip_loss(
-    target_logp: Tensor, behavior_logp: Tensor, advantages: Tensor, clip_eps: float, mask: Tensor | None = None
+    target_logp: Tensor,
+    behavior_logp: Tensor,
+    advantages: Tensor,
+    clip_eps: float,
+    mask: Tensor | None = None,
+    dual_clip: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """PPO clipped surrogate (Schulman et al. 2017, eq. 7), to minimise.
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7), optionally dual-clipped, to minimise.
 
     Args:
         target_logp: ``[N]`` float32, log pi(a|s) under the policy being trained (differentiable).
@@ -31,6 +36,9 @@ def ppo_clip_loss(
         advantages: ``[N]`` float32, e.g. V-trace policy-gradient advantages (treated as constants).
         clip_eps: the ratio is clipped to ``[1 - clip_eps, 1 + clip_eps]``.
         mask: ``[N]`` bool or None.
+        dual_clip: if set (> 1, e.g. 3), where ``A < 0`` the objective is bounded below by ``dual_clip * A``
+            (Ye et al. 2020, "Mastering complex control in MOBA games", eq. 5): with a stale behaviour policy r can
+            be huge, and for A < 0 the plain PPO objective ``r A`` is not clipped, so one sample could dominate.
 
     Returns:
         ``(loss, clip_frac, ratio)``: loss ``= -mean(min(r A, clip(r) A))`` with ``r = exp(target_logp -
@@ -40,7 +48,10 @@ def ppo_clip_loss(
     ratio = torch.exp(target_logp - behavior_logp)
     surrogate = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    loss = -masked_mean(torch.minimum(surrogate, clipped), mask)
+    objective = torch.minimum(surrogate, clipped)
+    if dual_clip is not None:
+        objective = torch.where(advantages < 0, torch.maximum(objective, dual_clip * advantages), objective)
+    loss = -masked_mean(objective, mask)
     clip_frac = masked_mean(((ratio - 1.0).abs() > clip_eps).to(ratio.dtype), mask)
     return loss, clip_frac.detach(), ratio
 

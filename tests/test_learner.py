@@ -91,6 +91,24 @@ def test_ppo_clip_loss_hand_computed():
     assert loss.item() == pytest.approx(1.3 / 3, abs=1e-6) and clip_frac.item() == pytest.approx(2 / 3)
 
 
+def test_dual_clip_bounds_negative_advantage_objective():
+    # r = [5, 2], A = [-1, -1], clip_eps 0.2, dual_clip 3:
+    # PPO: min(r A, clip(r) A) = [min(-5, -1.2), min(-2, -1.2)] = [-5, -2]
+    # dual: max(PPO, 3 A) = [max(-5, -3), max(-2, -3)] = [-3, -2] -> loss = (3 + 2) / 2 = 2.5
+    # gradient: sample 0 is the constant 3 A (0); sample 1 is r A: d(-r A / 2)/d logp = -(2 * -1) / 2 = 1
+    target_logp = torch.log(torch.tensor([5.0, 2.0])).requires_grad_()
+    advantages = torch.tensor([-1.0, -1.0])
+    loss, _, _ = ppo_clip_loss(target_logp, torch.zeros(2), advantages, 0.2, dual_clip=3.0)
+    assert loss.item() == pytest.approx(2.5, abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(target_logp.grad, torch.tensor([0.0, 1.0]))
+    plain, _, _ = ppo_clip_loss(target_logp.detach(), torch.zeros(2), advantages, 0.2)
+    assert plain.item() == pytest.approx(3.5, abs=1e-6)  # (5 + 2) / 2 without the dual clip
+    # Positive advantages are untouched by the dual clip: r = 5, A = 1 -> min(5, 1.2) = 1.2 either way.
+    pos, _, _ = ppo_clip_loss(torch.log(torch.tensor([5.0])), torch.zeros(1), torch.ones(1), 0.2, dual_clip=3.0)
+    assert pos.item() == pytest.approx(-1.2, abs=1e-6)
+
+
 def test_value_loss_hand_computed():
     # 0.5 * mean([(1 - 0)^2, (2 - 4)^2]) = 0.5 * 2.5 = 1.25
     assert value_loss(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0])).item() == pytest.approx(1.25)
