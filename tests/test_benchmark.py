@@ -303,3 +303,15 @@ def test_tiny_suite_writes_json_markdown_png(tmp_path):
     assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 600
     assert rep["files"]["png"].endswith("tiny.png")
     assert "env · mujoco · ant · 4 envs:" in buf.getvalue()
+
+
+def test_rows_with_non_default_physics_say_so():
+    from sample_fast.benchmark.suite import _options_note
+
+    mjx = Case("env", "sample_fast", "mjx", "ant", 64)
+    cfg = compose_cfg()  # the default yaml gives MJX its speed settings on the CPU
+    assert _options_note(mjx, cfg) == "options: ls_iterations=4, solver_iterations=1"  # cache dir is not physics
+    assert _options_note(Case("env", "sample_fast", "mujoco", "ant", 64), cfg) == ""
+    assert _options_note(Case("env", "peer", "mujoco_rollout", "ant", 64), cfg) == ""
+    own = compose_cfg("backend_options.mjx.solver_iterations=null", "backend_options.mjx.ls_iterations=null")
+    assert _options_note(mjx, own) == ""

@@ -75,7 +75,7 @@ def _options_note(case: Case, cfg: BenchmarkConfig) -> str:
     if case.kind != "sample_fast":
         return ""
     opts = {**(cfg.env_options if case.name != "toy" else {}), **(cfg.backend_options.get(case.name) or {})}
-    opts = {k: v for k, v in opts.items() if k not in NON_PHYSICS_OPTIONS}
+    opts = {k: v for k, v in opts.items() if k not in NON_PHYSICS_OPTIONS and v is not None}  # None: the default
     return "options: " + ", ".join(f"{k}={v}" for k, v in sorted(opts.items())) if opts else ""
 
 
