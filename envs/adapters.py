@@ -10,19 +10,22 @@ observation in ``info["final_obs"]``, ``terminated``/``truncated`` separate) and
 * ``VecTaskEnv``: Isaac Gym's ``VecTask`` interface (``obs_buf``/``rew_buf``/``reset_buf``,
   ``extras["time_outs"]``), which rl_games-style training code drives.
 
-The adapters never step physics themselves and import gymnasium/TorchRL lazily (only when constructed).
+The adapters never step physics themselves and import TorchRL only when ``TorchRLEnv`` is first used.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
 
 from .base import BatchedEnv, EnvError, Spec
 
-__all__ = ["GymnasiumVectorEnv", "GymnasiumSingleEnv", "TorchRLEnv", "VecTaskEnv", "gymnasium_spaces"]
+__all__ = ["GymnasiumVectorEnv", "GymnasiumSingleEnv", "TorchRLEnv", "VecTaskEnv", "gymnasium_spaces"]  # noqa: F822
 
 _TORCH_TO_NP = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64, torch.int32: np.int32}
 
@@ -58,6 +61,7 @@ def gymnasium_spaces(env: BatchedEnv) -> tuple[Any, Any]:
 
 
 def _to_numpy(x: Any) -> Any:
+    # SYNC: a CUDA tensor is copied to the host here (numpy-facing adapters only).
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
@@ -74,130 +78,108 @@ def _check_seed(seed: Any) -> int | None:
 
 
 # ----- gymnasium ----------------------------------------------------------------------------------------------
-def _make_gymnasium_classes() -> tuple[type, type]:
-    import gymnasium as gym
-    from gymnasium.vector import AutoresetMode
-    from gymnasium.vector.utils import batch_space
+class GymnasiumVectorEnv(gym.vector.VectorEnv):
+    """A ``gymnasium.vector.VectorEnv`` over a ``BatchedEnv`` (numpy in/out, same-step auto-reset).
 
-    class _GymnasiumVectorEnv(gym.vector.VectorEnv):
-        """A ``gymnasium.vector.VectorEnv`` over a ``BatchedEnv`` (numpy in/out, same-step auto-reset).
+    ``step`` returns ``(obs, reward, terminated, truncated, info)`` as numpy arrays. Where env i's episode ended,
+    ``obs[i]`` is already the next episode's first observation and, exactly like gymnasium's
+    ``SyncVectorEnv(autoreset_mode=SAME_STEP)``, ``info["final_obs"]`` is an object array holding the ended
+    episode's last observation at i (None elsewhere) with the mask ``info["_final_obs"]``, and
+    ``info["final_info"]`` holds ``episode_return``/``episode_length`` for those envs. Every other info
+    entry of the ``BatchedEnv`` is passed through as an ``[N, ...]`` array with an all-True ``_<key>`` mask.
+    """
 
-        ``step`` returns ``(obs, reward, terminated, truncated, info)`` as numpy arrays. Where env i's episode ended,
-        ``obs[i]`` is already the next episode's first observation and, exactly like gymnasium's
-        ``SyncVectorEnv(autoreset_mode=SAME_STEP)``, ``info["final_obs"]`` is an object array holding the ended
-        episode's last observation at i (None elsewhere) with the mask ``info["_final_obs"]``, and
-        ``info["final_info"]`` holds ``episode_return``/``episode_length`` for those envs. Every other info
-        entry of the ``BatchedEnv`` is passed through as an ``[N, ...]`` array with an all-True ``_<key>`` mask.
-        """
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
-        metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+    def __init__(self, env: BatchedEnv) -> None:
+        if not isinstance(env, BatchedEnv):
+            raise EnvError(f"GymnasiumVectorEnv wraps a BatchedEnv (from sample_fast.envs.make), got {env!r}")
+        self.env = env
+        self.num_envs = env.num_envs
+        self.single_observation_space, self.single_action_space = gymnasium_spaces(env)
+        self.observation_space = batch_space(self.single_observation_space, env.num_envs)
+        self.action_space = batch_space(self.single_action_space, env.num_envs)
+        self.render_mode = None
 
-        def __init__(self, env: BatchedEnv) -> None:
-            if not isinstance(env, BatchedEnv):
-                raise EnvError(f"GymnasiumVectorEnv wraps a BatchedEnv (from sample_fast.envs.make), got {env!r}")
-            self.env = env
-            self.num_envs = env.num_envs
-            self.single_observation_space, self.single_action_space = gymnasium_spaces(env)
-            self.observation_space = batch_space(self.single_observation_space, env.num_envs)
-            self.action_space = batch_space(self.single_action_space, env.num_envs)
-            self.render_mode = None
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset every env (``seed``: one int for the whole batch). ``options`` is accepted and ignored."""
+        seed = _check_seed(seed)
+        super().reset(seed=seed)
+        obs, info = self.env.reset(seed=seed)
+        return _to_numpy(obs), {k: _to_numpy(v) for k, v in info.items()}
 
-        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-            seed = _check_seed(seed)
-            super().reset(seed=seed)
-            obs, info = self.env.reset(seed=seed)
-            return _to_numpy(obs), {k: _to_numpy(v) for k, v in info.items()}
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step every env with ``actions`` ``[N, *action_shape]`` (numpy or torch); see the class docstring."""
+        res = self.env.step(_actions_to_torch(self.env, actions))
+        obs, reward = _to_numpy(res.obs), _to_numpy(res.reward)
+        terminated, truncated = _to_numpy(res.terminated), _to_numpy(res.truncated)
+        done = terminated | truncated
+        info: dict[str, Any] = {}
+        for key, value in res.info.items():
+            if key in ("final_obs", "episode_return", "episode_length"):
+                continue
+            info[key], info[f"_{key}"] = _to_numpy(value), np.ones(self.num_envs, dtype=bool)
+        if done.any():
+            final = _to_numpy(res.info["final_obs"])
+            final_obs = np.full(self.num_envs, None, dtype=object)
+            for i in np.flatnonzero(done):
+                final_obs[i] = final[i]
+            info["final_obs"], info["_final_obs"] = final_obs, done.copy()
+            info["final_info"] = {
+                "episode_return": _to_numpy(res.info["episode_return"]),
+                "_episode_return": done.copy(),
+                "episode_length": _to_numpy(res.info["episode_length"]),
+                "_episode_length": done.copy(),
+            }
+            info["_final_info"] = done.copy()
+        return obs, reward, terminated, truncated, info
 
-        def step(self, actions: Any):
-            res = self.env.step(_actions_to_torch(self.env, actions))
-            obs, reward = _to_numpy(res.obs), _to_numpy(res.reward)
-            terminated, truncated = _to_numpy(res.terminated), _to_numpy(res.truncated)
-            done = terminated | truncated
-            info: dict[str, Any] = {}
-            for key, value in res.info.items():
-                if key in ("final_obs", "episode_return", "episode_length"):
-                    continue
-                info[key], info[f"_{key}"] = _to_numpy(value), np.ones(self.num_envs, dtype=bool)
-            if done.any():
-                final = _to_numpy(res.info["final_obs"])
-                final_obs = np.full(self.num_envs, None, dtype=object)
-                for i in np.flatnonzero(done):
-                    final_obs[i] = final[i]
-                info["final_obs"], info["_final_obs"] = final_obs, done.copy()
-                info["final_info"] = {
-                    "episode_return": _to_numpy(res.info["episode_return"]),
-                    "_episode_return": done.copy(),
-                    "episode_length": _to_numpy(res.info["episode_length"]),
-                    "_episode_length": done.copy(),
-                }
-                info["_final_info"] = done.copy()
-            return obs, reward, terminated, truncated, info
-
-        def close_extras(self, **kwargs: Any) -> None:
-            self.env.close()
-
-    class _GymnasiumSingleEnv(gym.Env):
-        """A plain ``gymnasium.Env`` over a ``BatchedEnv`` with ``num_envs == 1`` (gymnasium's own API: after an
-        episode ends, ``step`` returns its last observation and the caller calls ``reset``)."""
-
-        metadata = {"render_modes": []}
-
-        def __init__(self, env: BatchedEnv) -> None:
-            if not isinstance(env, BatchedEnv) or env.num_envs != 1:
-                raise EnvError(f"GymnasiumSingleEnv needs a BatchedEnv with num_envs=1, got {env!r}")
-            self.env = env
-            self.observation_space, self.action_space = gymnasium_spaces(env)
-            self.render_mode = None
-            self._needs_reset = True
-            self._next_obs: np.ndarray | None = None  # first obs of the next episode, already reset by the env
-
-        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-            seed = _check_seed(seed)
-            super().reset(seed=seed)
-            if seed is None and self._next_obs is not None:
-                # The batched env already reset itself when the last episode ended: hand out that observation.
-                obs, self._next_obs = self._next_obs, None
-            else:
-                obs_t, _ = self.env.reset(seed=seed)
-                obs = _to_numpy(obs_t)[0]
-            self._needs_reset = False
-            return obs, {}
-
-        def step(self, action: Any):
-            if self._needs_reset:
-                raise EnvError("step() called before reset() or after the episode ended; call reset() first")
-            res = self.env.step(_actions_to_torch(self.env, np.asarray(action)[None]))
-            terminated, truncated = bool(res.terminated[0]), bool(res.truncated[0])
-            info = {k: _to_numpy(v)[0] for k, v in res.info.items() if k != "final_obs"}
-            obs = _to_numpy(res.info["final_obs"])[0]
-            if terminated or truncated:
-                self._next_obs, self._needs_reset = _to_numpy(res.obs)[0], True
-            return obs, float(res.reward[0]), terminated, truncated, info
-
-        def close(self) -> None:
-            self.env.close()
-
-    return _GymnasiumVectorEnv, _GymnasiumSingleEnv
+    def close_extras(self, **kwargs: Any) -> None:
+        self.env.close()
 
 
-_GYM_CLASSES: tuple[type, type] | None = None
+class GymnasiumSingleEnv(gym.Env):
+    """A plain ``gymnasium.Env`` over a ``BatchedEnv`` with ``num_envs == 1`` (gymnasium's own API: after an
+    episode ends, ``step`` returns its last observation and the caller calls ``reset``)."""
 
+    metadata = {"render_modes": []}
 
-def _gym_classes() -> tuple[type, type]:
-    global _GYM_CLASSES
-    if _GYM_CLASSES is None:
-        _GYM_CLASSES = _make_gymnasium_classes()
-    return _GYM_CLASSES
+    def __init__(self, env: BatchedEnv) -> None:
+        if not isinstance(env, BatchedEnv) or env.num_envs != 1:
+            raise EnvError(f"GymnasiumSingleEnv needs a BatchedEnv with num_envs=1, got {env!r}")
+        self.env = env
+        self.observation_space, self.action_space = gymnasium_spaces(env)
+        self.render_mode = None
+        self._needs_reset = True
+        self._next_obs: np.ndarray | None = None  # first obs of the next episode, already reset by the env
 
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        seed = _check_seed(seed)
+        super().reset(seed=seed)
+        if seed is None and self._next_obs is not None:
+            # The batched env already reset itself when the last episode ended: hand out that observation.
+            obs, self._next_obs = self._next_obs, None
+        else:
+            obs_t, _ = self.env.reset(seed=seed)
+            obs = _to_numpy(obs_t)[0]
+        self._needs_reset = False
+        return obs, {}
 
-def GymnasiumVectorEnv(env: BatchedEnv) -> Any:  # noqa: N802 (a class built on first use: gymnasium imports lazily)
-    """Wrap ``env`` as a ``gymnasium.vector.VectorEnv`` (see ``_GymnasiumVectorEnv`` in this module)."""
-    return _gym_classes()[0](env)
+    def step(self, action: Any):
+        if self._needs_reset:
+            raise EnvError("step() called before reset() or after the episode ended; call reset() first")
+        res = self.env.step(_actions_to_torch(self.env, np.asarray(action)[None]))
+        terminated, truncated = bool(res.terminated[0]), bool(res.truncated[0])
+        info = {k: _to_numpy(v)[0] for k, v in res.info.items() if k != "final_obs"}
+        obs = _to_numpy(res.info["final_obs"])[0]
+        if terminated or truncated:
+            self._next_obs, self._needs_reset = _to_numpy(res.obs)[0], True
+        return obs, float(res.reward[0]), terminated, truncated, info
 
-
-def GymnasiumSingleEnv(env: BatchedEnv) -> Any:  # noqa: N802
-    """Wrap a one-env ``BatchedEnv`` as a ``gymnasium.Env`` (see ``_GymnasiumSingleEnv`` in this module)."""
-    return _gym_classes()[1](env)
+    def close(self) -> None:
+        self.env.close()
 
 
 # ----- TorchRL ------------------------------------------------------------------------------------------------
@@ -206,7 +188,7 @@ def _make_torchrl_class() -> type:
     from torchrl.data import Bounded, Categorical, Composite, Unbounded
     from torchrl.envs import EnvBase
 
-    class _TorchRLEnv(EnvBase):
+    class TorchRLEnv(EnvBase):
         """A TorchRL ``EnvBase`` with ``batch_size=[num_envs]`` over a ``BatchedEnv``.
 
         Keys: ``"observation"`` ``[N, *obs_shape]``, ``"action"``, ``"reward"`` ``[N, 1]``, ``"done"``,
@@ -285,7 +267,7 @@ def _make_torchrl_class() -> type:
             self.env.close()
             super().close(raise_if_closed=raise_if_closed)
 
-    return _TorchRLEnv
+    return TorchRLEnv
 
 
 def _torchrl_box(bounded: type, unbounded: type, spec: Spec, n: int, device: torch.device) -> Any:
@@ -304,12 +286,14 @@ def _torchrl_box(bounded: type, unbounded: type, spec: Spec, n: int, device: tor
 _TORCHRL_CLASS: type | None = None
 
 
-def TorchRLEnv(env: BatchedEnv) -> Any:  # noqa: N802 (a class built on first use: TorchRL imports lazily)
-    """Wrap ``env`` as a TorchRL ``EnvBase`` (see ``_TorchRLEnv`` in this module)."""
+def __getattr__(name: str) -> Any:
+    """``TorchRLEnv`` is built on first access, so importing this module does not import TorchRL (seconds)."""
     global _TORCHRL_CLASS
-    if _TORCHRL_CLASS is None:
-        _TORCHRL_CLASS = _make_torchrl_class()
-    return _TORCHRL_CLASS(env)
+    if name == "TorchRLEnv":
+        if _TORCHRL_CLASS is None:
+            _TORCHRL_CLASS = _make_torchrl_class()
+        return _TORCHRL_CLASS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----- Isaac Gym VecTask / rl_games ---------------------------------------------------------------------------
