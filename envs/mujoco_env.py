@@ -322,15 +322,16 @@ class MujocoEnv(BatchedEnv):
         opts, consts, n = self.opts, self.consts, self.num_envs
         phys = self._physics()
         # PERF: everything below is vectorised over the batch; per-env Python happens only for envs that reset.
-        bad = self._warn[:, _BAD_WARNINGS].any(axis=1)
-        bad |= ~np.isfinite(phys.qpos).all(axis=1) | ~np.isfinite(phys.qvel).all(axis=1)
         with np.errstate(invalid="ignore", over="ignore"):  # rows of blown-up envs are replaced below
             position = np.array(self.task.position(np, phys, opts, consts), dtype=np.float64)  # a copy: may view _bufs
             velocity = (position - self._position) / self.dt
             reward, healthy = self.task.reward(np, phys, opts, consts, self._ctrl, velocity)
-            terminated = np.asarray(is_terminated(np, healthy, opts), dtype=bool) | bad
             obs = self._observe(phys)
             reward = np.asarray(reward, dtype=np.float32)
+        # A blown-up env: MuJoCo's bad-state warnings (it has already reset that MjData), or anything non-finite in
+        # what we return (the reward covers the positions the observation excludes).
+        bad = self._warn[:, _BAD_WARNINGS].any(axis=1) | ~np.isfinite(obs).all(axis=1) | ~np.isfinite(reward)
+        terminated = np.asarray(is_terminated(np, healthy, opts), dtype=bool) | bad
         if bad.any():
             obs[bad] = 0.0
             reward[bad] = 0.0

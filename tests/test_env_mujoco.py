@@ -273,15 +273,18 @@ def test_bad_input_errors():
 @pytest.mark.timeout(60)
 def test_step_timeout_raises_and_env_still_closes():
     before = len(_worker_threads())
-    env = make("humanoid", 8, backend="mujoco", num_threads=2, step_timeout_s=1e-9)
-    env.reset()
-    with pytest.raises(EnvError, match="step_timeout_s"):
-        env.step(torch.zeros(8, 17))
-    with pytest.raises(EnvError, match="step_timeout_s"):  # the env stays unusable, with the same explanation
-        env.step(torch.zeros(8, 17))
-    with pytest.raises(EnvError, match="step_timeout_s"):
+    env = make("humanoid", 64, backend="mujoco", num_threads=2, step_timeout_s=1e-9)
+    try:
         env.reset()
-    env.close()
+        env.send(torch.zeros(64, 17))  # ~13 ms of physics on the workers; recv() gives them 1 ns
+        with pytest.raises(EnvError, match="step_timeout_s"):
+            env.recv()
+        with pytest.raises(EnvError, match="step_timeout_s"):  # the env stays unusable, with the same explanation
+            env.step(torch.zeros(64, 17))
+        with pytest.raises(EnvError, match="step_timeout_s"):
+            env.reset()
+    finally:
+        env.close()
     assert len(_worker_threads()) == before
 
 
