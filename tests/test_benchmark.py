@@ -150,19 +150,23 @@ def test_plan_enumerates_cases_and_skips_incompatible():
             stages=["env"],
             backends=["mujoco", "toy"],
             envs=["ant"],
-            num_envs=[4, 8],
-            peers=["mujoco_rollout", "torchrl_collector", "sample_factory"],
+            num_envs=[4, 32],
+            peers=["mujoco_rollout", "gymnasium_async", "torchrl_collector", "sample_factory"],
             out_dir="unused",
         )
     )
     cases, skipped = plan(cfg)
     assert cases == [
         Case("env", "peer", "mujoco_rollout", "ant", 4),
-        Case("env", "peer", "mujoco_rollout", "ant", 8),
+        Case("env", "peer", "mujoco_rollout", "ant", 32),
         Case("env", "sample_fast", "mujoco", "ant", 4),
-        Case("env", "sample_fast", "mujoco", "ant", 8),
+        Case("env", "sample_fast", "mujoco", "ant", 32),
+        Case("env", "peer", "gymnasium_async", "ant", 4),  # 32 > gymnasium_async_max_envs (16 processes)
     ]  # torchrl and sample_factory compare with the inference and train stages, which are not selected
     assert [s["what"] for s in skipped] == ["env · toy · ant"]
+    cfg.num_envs, cfg.num_threads = [64, 256], 3
+    async_sizes = [c.num_envs for c in plan(cfg)[0] if c.name == "gymnasium_async"]
+    assert async_sizes == [3]  # no sweep size fits: one env (process) per simulator thread
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,9 @@ class BenchmarkConfig:
     backend_options: dict[str, Any] = field(default_factory=dict)
     rollout_len: int = 64  #: inference stage: T of the Sampler's slots
     num_splits: int = 2  #: inference stage: double-buffering groups
-    gymnasium_async_max_envs: int = 16  #: AsyncVectorEnv starts one process per env; larger sweeps skip it
+    #: AsyncVectorEnv starts one process per env: sweep sizes above this are left out (if none is left, it runs
+    #: once with one env per core).
+    gymnasium_async_max_envs: int = 16
     train: TrainStageConfig = field(default_factory=TrainStageConfig)
     sample_factory: SampleFactoryConfig = field(default_factory=SampleFactoryConfig)
     seed: int = 0

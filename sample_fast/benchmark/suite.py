@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from . import report as rep
-from .config import STAGES, BenchmarkConfig, resolve
+from .config import STAGES, BenchmarkConfig, num_threads, resolve
 from .measure import CaseResult, Skip, format_rate, run_isolated, summarize
 from .peers import MEASURE, PEERS, check_available, fixed_num_envs
 from .stages import STAGE_FUNCTIONS, Case, compatible
@@ -50,6 +50,8 @@ def plan(cfg: BenchmarkConfig) -> tuple[list[Case], list[dict[str, str]]]:
                     skipped.append({"what": f"{peer} · {env}", "reason": "peers run MuJoCo tasks only"})
                     continue
                 sizes = cfg.num_envs if PEERS[peer].sweeps else [fixed_num_envs(peer, cfg)]
+                if peer == "gymnasium_async":  # one process per env: past the cap, one process per core instead
+                    sizes = [n for n in sizes if n <= cfg.gymnasium_async_max_envs] or [num_threads(cfg)]
                 cases += [Case(stage, "peer", peer, env, n) for n in sizes]
     return cases, skipped
 
