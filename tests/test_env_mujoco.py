@@ -21,6 +21,12 @@ from sample_fast.envs.tasks import ANT_V4_OPTIONS, TASKS
 TASK_NAMES = sorted(TASKS)
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path, monkeypatch):
+    """MuJoCo appends its warnings (humanoid.xml's deprecated settotalmass, blown-up states) to ./MUJOCO_LOG.TXT."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _worker_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("mujoco-env-") and t.is_alive()]
 
@@ -214,8 +220,7 @@ def test_termination_is_not_truncation():
 
 
 @pytest.mark.timeout(60)
-def test_non_finite_physics_resets_only_that_env(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # MuJoCo appends its warnings to ./MUJOCO_LOG.TXT
+def test_non_finite_physics_resets_only_that_env():
     rng = np.random.default_rng(2)
     with (
         make("ant", 3, backend="mujoco", seed=4, num_threads=2) as env,
