@@ -10,6 +10,7 @@ what to change -- before any process starts or any file is written. Component se
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 import re
@@ -170,6 +171,14 @@ def _positive(key: str, value: Any, allow_zero: bool = False, integer: bool = Tr
         raise ConfigError(f"{key}={value!r} must be {what} {'int' if integer else 'number'}{extra}")
 
 
+#: backend -> (module in sample_fast.envs, dict of its own options), imported only when a key needs it
+_BACKEND_OPTIONS = {
+    "mujoco": ("mujoco_env", "BACKEND_OPTIONS"),
+    "mjx": ("mjx_env", "MJX_OPTIONS"),
+    "envpool": ("envpool_env", "BACKEND_OPTIONS"),
+}
+
+
 def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
     """Validate name/backend/options without building an env; return (backend, device) resolved."""
     from .envs import BACKENDS, TASKS, EnvError, resolve_backend
@@ -196,9 +205,12 @@ def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
     if env.name in TASKS:
         from .envs.tasks import COMMON_OPTIONS
 
-        extra = {"num_threads": None, "step_timeout_s": None} if backend == "mujoco" else {}
-        valid = {**COMMON_OPTIONS, **TASKS[env.name].options, **extra}
+        valid = {**COMMON_OPTIONS, **TASKS[env.name].options}
         unknown = sorted(set(options) - set(valid))
+        if unknown and backend in _BACKEND_OPTIONS:  # backend settings (e.g. mujoco's step_timeout_s) are valid too
+            module, attr = _BACKEND_OPTIONS[backend]
+            valid.update(getattr(importlib.import_module(f"sample_fast.envs.{module}"), attr, {}))
+            unknown = sorted(set(options) - set(valid))
         if unknown:
             raise ConfigError(
                 f"env.options has unknown key(s) {unknown} for env {env.name!r}; valid: {', '.join(sorted(valid))}"

@@ -87,6 +87,13 @@ def test_overrides_from_the_docs():
     assert resolve(_compose("env=toy", "sampler=default"), num_cores=2, cuda=False).sampler.rollout_len == 64
 
 
+def test_backend_options_are_accepted_for_their_backend_only():
+    cfg = resolve(_compose("env=ant", "+env.options.step_timeout_s=5", "+env.options.max_episode_steps=500"), 2, False)
+    assert cfg.env.options == {"step_timeout_s": 5, "max_episode_steps": 500}
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['step_timeout_s'\]"):
+        resolve(_compose("env=ant", "env.backend=envpool", "+env.options.step_timeout_s=5"), 2, False)
+
+
 def test_run_dir_default_and_override(tmp_path):
     cfg = resolve(_compose("env=ant", "run.name=exp1"), num_cores=2, cuda=False)
     assert run_dir(cfg) == os.path.abspath(os.path.join("runs", "ant", "exp1"))
