@@ -210,6 +210,13 @@ def slope_mb_per_min(samples: list[dict], key: str, skip_s: float) -> float:
     return 60.0 * sum((t - mt) * (v - mv) for t, v in pts) / max(var, 1e-9)
 
 
+def _merge_json(path: Path, update: dict) -> None:
+    """Write ``update``'s keys into the JSON object at ``path``, keeping the other keys (e.g. an earlier soak)."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(update)
+    path.write_text(json.dumps(data, indent=1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="ant")
@@ -255,9 +262,9 @@ def main() -> None:
         res["main_rss_slope_mb_per_min"] = slope_mb_per_min(res["samples"], "main_rss_mb", skip_s=60.0)
         res["sampler_rss_slope_mb_per_min"] = slope_mb_per_min(res["samples"], "sampler_rss_mb", skip_s=60.0)
         meta["loadavg_end"] = os.getloadavg()
-        out = {"meta": meta, "soak": res}
-        path = base.with_name(base.name + "_soak.json")
-        path.write_text(json.dumps(out, indent=1))
+        res["meta"] = meta
+        path = base.with_suffix(".json")
+        _merge_json(path, {"soak": res})
         print(json.dumps({k: v for k, v in res.items() if k != "samples"}, indent=1))
         for x in res["samples"]:
             print(
@@ -306,7 +313,7 @@ def main() -> None:
             flush=True,
         )
     result["meta"]["loadavg_end"] = os.getloadavg()
-    base.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    _merge_json(base.with_suffix(".json"), {f"{args.env}_{args.backend}_num_envs_{args.num_envs}": result})
     print(f"ratio (median of {args.rounds} rounds): {result['ratio_median']:.3f}; wrote {base.with_suffix('.json')}")
 
 
