@@ -43,6 +43,10 @@ class PolicyConfig:
     #: log-std is clamped to [min_log_std, max_log_std] when used, so a runaway parameter cannot give inf/0 std.
     min_log_std: float = -5.0
     max_log_std: float = 2.0
+    #: With finite action bounds, the Gaussian mean is ``center + half_range * tanh(actor(x))`` so it cannot drift
+    #: outside the box (where every sample is clipped to the same action, the gradient vanishes, and the mean can run
+    #: away: seen on halfcheetah at lr 3e-3, mean |a| ~ 34 and KL ~ 100). Samples stay unsquashed (the env clips).
+    squash_mean: bool = True
     #: Normalise observations with running mean/std statistics (updated by the learner).
     normalize_obs: bool = True
     #: Normalised observations are clipped to [-obs_clip, obs_clip].
@@ -149,8 +153,16 @@ class ActorCritic(nn.Module):
         hidden = [int(h) for h in cfg.hidden_sizes]
         self.actor = _mlp(self.obs_dim, hidden, out_dim, cfg.activation, cfg.actor_out_gain)
         self.critic = _mlp(self.obs_dim, hidden, 1, cfg.activation, cfg.critic_out_gain)
+        self.squash = False
         if not self.is_discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(cfg.init_log_std)))
+            low, high = action_spec.low, action_spec.high
+            if cfg.squash_mean and low is not None and high is not None:
+                low, high = low.reshape(-1).float(), high.reshape(-1).float()
+                if bool(torch.isfinite(low).all() and torch.isfinite(high).all()):
+                    self.squash = True
+                    self.register_buffer("action_center", (high + low) / 2)
+                    self.register_buffer("action_half_range", (high - low) / 2)
         self.normalizer = RunningNormalizer(self.obs_dim, cfg.obs_clip) if cfg.normalize_obs else None
         # Linear layers of each MLP, for the inference path (modules, not tensors: .to(), load_state_dict and deepcopy
         # stay safe).
@@ -174,6 +186,12 @@ class ActorCritic(nn.Module):
 
     def _log_std(self) -> Tensor:
         return self.log_std.clamp(self.cfg.min_log_std, self.cfg.max_log_std)
+
+    def action_mean(self, out: Tensor) -> Tensor:
+        """Gaussian mean ``[N, act_dim]`` from the actor's output (tanh-squashed into the bounds if ``squash``)."""
+        if self.squash:
+            return torch.addcmul(self.action_center, self.action_half_range, torch.tanh(out))
+        return out
 
     def _gaussian_logp(self, mean: Tensor, log_std: Tensor, actions: Tensor) -> Tensor:
         z = (actions - mean) * torch.exp(-log_std)
@@ -200,6 +218,7 @@ class ActorCritic(nn.Module):
                 actions = torch.multinomial(logp_all.exp(), 1).squeeze(-1)
             logp = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
             return actions, logp, values
+        out = self.action_mean(out)
         log_std = self._log_std()
         # log N(a; mean, std) = -0.5 * sum(z^2) - (sum(log_std) + d * log(sqrt(2 pi))), with z = noise exactly.
         log_norm = log_std.sum() + self.act_dim * _LOG_SQRT_2PI
@@ -220,6 +239,7 @@ class ActorCritic(nn.Module):
             logp = logp_all.gather(-1, actions.long().reshape(-1, 1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
             return logp, entropy, values
+        out = self.action_mean(out)
         log_std = self._log_std()
         logp = self._gaussian_logp(out, log_std, actions.reshape(out.shape).float())
         # Entropy of a diagonal Gaussian: sum_i (log sigma_i + 0.5 * log(2 pi e)).

@@ -68,7 +68,7 @@ def test_continuous_act_shapes_and_logp_match_torch_distributions():
     actions, logp, values = pol.act(obs)
     assert actions.shape == (10, 3) and actions.dtype == torch.float32
     assert logp.shape == (10,) and values.shape == (10,)
-    mean = pol.actor(pol.normalizer(obs))
+    mean = torch.tanh(pol.actor(pol.normalizer(obs)))  # bounds [-1, 1]: center 0, half range 1
     dist = torch.distributions.Normal(mean, torch.full((3,), math.exp(-0.3)))
     torch.testing.assert_close(logp, dist.log_prob(actions).sum(-1), rtol=1e-5, atol=1e-5)
     target_logp, entropy, values2 = pol.evaluate(obs, actions)
@@ -78,6 +78,23 @@ def test_continuous_act_shapes_and_logp_match_torch_distributions():
     det_actions, det_logp, _ = pol.act(obs, deterministic=True)
     torch.testing.assert_close(det_actions, mean)
     torch.testing.assert_close(det_logp, dist.log_prob(mean).sum(-1))
+
+
+def test_squashed_mean_stays_inside_asymmetric_bounds():
+    spec = Spec(shape=(2,), dtype=torch.float32, low=torch.tensor([0.0, -2.0]), high=torch.tensor([1.0, 2.0]))
+    pol = ActorCritic(OBS, spec)
+    assert pol.squash and not ActorCritic(OBS, spec, PolicyConfig(squash_mean=False)).squash
+    obs = torch.randn(4, 5)
+    with torch.no_grad():
+        pol.actor[-1].weight.zero_()
+    # Zero actor output -> the box centre [0.5, 0]; a huge output -> the upper bound, never beyond.
+    torch.testing.assert_close(pol.act(obs, deterministic=True)[0], torch.tensor([[0.5, 0.0]]).expand(4, 2))
+    with torch.no_grad():
+        pol.actor[-1].bias.fill_(100.0)
+    torch.testing.assert_close(pol.act(obs, deterministic=True)[0], torch.tensor([[1.0, 2.0]]).expand(4, 2))
+    actions, logp, _ = pol.act(obs)  # the sample itself is not squashed: log-prob is of the unclipped Gaussian
+    dist = torch.distributions.Normal(torch.tensor([1.0, 2.0]), math.exp(-0.5))
+    torch.testing.assert_close(logp, dist.log_prob(actions).sum(-1))
 
 
 def test_entropy_of_known_gaussian():
@@ -141,7 +158,7 @@ def test_fast_inference_path_matches_modules_after_copy_and_load(activation):
     obs = torch.randn(7, 5)
     for policy in (pol, clone):
         actions, _, values = policy.act(obs, deterministic=True)
-        torch.testing.assert_close(actions, policy.actor(policy.normalizer(obs)))
+        torch.testing.assert_close(actions, policy.action_mean(policy.actor(policy.normalizer(obs))))
         torch.testing.assert_close(values, policy.critic(policy.normalizer(obs)).squeeze(-1))
     assert not torch.allclose(pol.act(obs, deterministic=True)[0], clone.act(obs, deterministic=True)[0])
     pol.load_state_dict(clone.state_dict())
