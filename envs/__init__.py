@@ -72,7 +72,8 @@ def resolve_backend(name: str, backend: str, device: torch.device) -> str:
     if backend == "toy":
         raise EnvError(f"backend 'toy' runs only env 'toy', not {name!r}")
     if backend == "gymnasium":
-        raise EnvError(f"backend 'gymnasium' takes 'gymnasium:<id>' names; for {name!r} use 'gymnasium:{TASKS[name].gymnasium_id}'")
+        gym_id = TASKS[name].gymnasium_id
+        raise EnvError(f"backend 'gymnasium' takes 'gymnasium:<id>' names; for {name!r} use 'gymnasium:{gym_id}'")
     if backend == "auto":
         return "mjx" if device.type == "cuda" else "mujoco"
     return backend

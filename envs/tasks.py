@@ -157,9 +157,7 @@ def _hopper_healthy(xp, p: Physics, o):
     lo_z, hi_z = o["healthy_z_range"]
     lo_a, hi_a = o["healthy_angle_range"]
     z, angle = p.qpos[..., 1], p.qpos[..., 2]
-    return (
-        xp.all((state > lo_s) & (state < hi_s), axis=-1) & (z > lo_z) & (z < hi_z) & (angle > lo_a) & (angle < hi_a)
-    )
+    return xp.all((state > lo_s) & (state < hi_s), axis=-1) & (z > lo_z) & (z < hi_z) & (angle > lo_a) & (angle < hi_a)
 
 
 def _walker_healthy(xp, p: Physics, o):
@@ -333,7 +331,15 @@ TASKS: dict[str, TaskDef] = {
         reward=_make_hop_reward(_walker_healthy),
         reset_noise="uniform",
         obs_size=_x_size,
-        feet=("foot_geom", "foot_left_geom", "leg_geom", "leg_left_geom", "thigh_geom", "thigh_left_geom", "torso_geom"),
+        feet=(
+            "foot_geom",
+            "foot_left_geom",
+            "leg_geom",
+            "leg_left_geom",
+            "thigh_geom",
+            "thigh_left_geom",
+            "torso_geom",
+        ),
     ),
     "humanoid": TaskDef(
         name="humanoid",
