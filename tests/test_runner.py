@@ -292,3 +292,36 @@ def test_sigterm_stops_a_runner_cleanly(tmp_path):
     assert "ON_STOP stop_requested True" in out and "SUMMARY stop_requested" in out
     assert not pid_alive(child_pid)
     assert _new_shm(before) == set()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_killed_runner_takes_its_sampler_down(tmp_path):
+    """kill -9 of the runner (the learner process): the sampler exits within seconds (PR_SET_PDEATHSIG, and its
+    own check of the runner's pid), and multiprocessing's resource tracker unlinks the semaphores."""
+    before = shm_entries()
+    script = tmp_path / "run_until_killed.py"
+    script.write_text(_SIGTERM_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child_pid = None
+    try:
+        deadline = time.monotonic() + 240
+        while child_pid is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("CHILD_PID"):
+                child_pid = int(line.split()[1])
+        assert child_pid is not None
+        proc.kill()
+        proc.wait(timeout=10)
+        t0 = time.monotonic()
+        while pid_alive(child_pid) and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        assert not pid_alive(child_pid), "the sampler outlived its runner by 10 s"
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert _new_shm(before) == set()
