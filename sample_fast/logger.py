@@ -126,6 +126,9 @@ class ProgressLogger:
 
     def add_train(self, env_steps: int, metrics: dict[str, float]) -> None:
         """One learner update's scalar metrics; writes a row when ``interval_s`` has passed."""
+        if self._num_updates == 0:
+            # FPS is measured from the first update on: start-up (process spawn, env build, JIT) is not throughput
+            self._last_row_t, self._last_row_steps = time.monotonic(), env_steps
         self.env_steps = env_steps
         self._num_updates += 1
         for k, v in metrics.items():
