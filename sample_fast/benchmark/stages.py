@@ -276,6 +276,9 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         seed=cfg.seed,
         inference_threads=cfg.torch_threads,
         learner_threads=tcfg.learner_threads or (os.cpu_count() or 1),
+        # The sampler's first MJX step compiles (a minute on a busy CPU), which must not read as a stall.
+        heartbeat_timeout_s=max(60.0, cfg.measure_timeout_s),
+        startup_timeout_s=max(300.0, cfg.measure_timeout_s),
     )
     timing = _timing(cfg)
     hooks = _RateHooks(timing)

@@ -168,7 +168,10 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
                 console.print("[red]interrupted[/]: writing the results measured so far")
                 break
             except Exception as e:  # one failing case must not lose the others' figures
-                reason = f"failed: {type(e).__name__}: {str(e).strip()[:500]}"
+                lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+                # First and last line: what failed and (for a child's traceback) the innermost error.
+                summary = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+                reason = f"failed: {type(e).__name__}: {summary[:500]}"
                 log_skip(case, reason)
                 if os.environ.get("SAMPLE_FAST_BENCH_DEBUG"):
                     console.print(traceback.format_exc())
