@@ -195,6 +195,7 @@ class Runner:
             self._stop_hook(reason, raising=False)
             raise
         else:
+            self._drain_episodes()  # episodes finished since the last train step still reach the hooks
             self._stop_hook(reason, raising=True)
         finally:
             faulthandler.cancel_dump_traceback_later()
@@ -322,11 +323,14 @@ class Runner:
             sampler_wait_s=self._sampler_stat(CTRL_SAMPLER_WAIT_S),
         )
         self._hook("on_train", self.env_steps, metrics)
+        self._drain_episodes()
+        if self.mode == "async":
+            self._check_sampler()
+
+    def _drain_episodes(self) -> None:
         returns, lengths = self.episodes.drain()
         if returns.numel():
             self._hook("on_episodes", self.env_steps, returns, lengths)
-        if self.mode == "async":
-            self._check_sampler()
 
     # ----- versions -------------------------------------------------------------------------------------------
     def _learner_version(self) -> int:
