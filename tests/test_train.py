@@ -8,6 +8,7 @@ import glob
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +120,9 @@ def test_toy_learns_end_to_end(tmp_path, mode):
     assert final >= 0.75 * optimal, f"{mode}: mean return {final:.2f} < 0.75 x optimal {optimal} after {total} steps"
     assert elapsed < 120, f"learning test took {elapsed:.0f} s (budget: 2 minutes)"
     assert set(os.listdir(tmp_path)) == {"run"}  # nothing written outside the run dir (no hydra outputs/)
+    # not a TTY (as in CI): plain progress lines instead of rich's live bar
+    assert re.search(r"^steps \S+/\S+  fps \S+  return \S+  lag ", proc.stdout, re.M), proc.stdout[-2000:]
+    assert "\x1b[" not in proc.stdout
 
 
 def _recording_runner(seen: dict):
