@@ -1,0 +1,373 @@
+"""Prioritized trajectory replay for APPO: trained ``[T, b]`` segments replayed under V-trace's age correction.
+
+Owns the replay memory (a torchrl ``ReplayBuffer`` on a ``LazyTensorStorage`` on the learner's device, FIFO through
+torchrl's ``RoundRobinWriter``), the per-segment priorities and their sampler, the importance-sampling weights
+(Schaul et al. 2016, "Prioritized Experience Replay", ICLR), beta annealing, and the weighted loss pieces the
+learner uses when a batch carries replayed data. It never touches an env, a process or the ParamStore; the learner
+calls it (``Learner.replay``), so serial and async runs both get it. Off by default, and imported only when on
+(torchrl takes seconds to import). See docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter
+from torchrl.data.replay_buffers.samplers import Sampler
+
+#: The per-step keys a segment keeps. ``values`` is informational in the batch and is not replayed (V-trace
+#: recomputes values with the current critic); ``policy_version`` is optional in the batch and filled if absent.
+SEGMENT_KEYS = ("obs", "actions", "behavior_logp", "rewards", "terminated", "truncated", "next_obs", "policy_version")
+PRIORITY_KINDS = ("pg_advantage", "value_error")
+
+
+class ReplayConfigError(ValueError):
+    """A bad replay setting; the message says what to change."""
+
+
+@dataclass
+class ReplayConfig:
+    """Replay settings. ``LearnerConfig`` carries them flat as ``replay_<name>`` (``replay_ratio`` etc.)."""
+
+    #: Replayed env columns per fresh batch as a fraction of its B columns (0.5: B/2 replayed columns = B/(2b)
+    #: segments). 0 = replay off.
+    ratio: float = 0.0
+    #: Memory size in segments; the oldest segment is evicted first (FIFO).
+    capacity: int = 128
+    #: b: env columns per segment (must divide the batch's B). Segments keep all T steps.
+    segment_envs: int = 8
+    #: Priority exponent: P(i) = p_i^alpha / sum_j p_j^alpha (0 = uniform).
+    alpha: float = 0.6
+    #: Initial importance-sampling exponent, annealed linearly to 1 over beta_steps fresh env steps.
+    beta: float = 0.4
+    #: Fresh env steps over which beta reaches 1; None = the learner's total_env_steps (5M if that is unknown).
+    beta_steps: int | None = None
+    #: Replayed samples whose policy_version lags the learner by more than this many versions are masked out;
+    #: segments entirely older than this are no longer sampled.
+    max_age: int = 32
+    #: Segment priority: mean |V-trace pg advantage| ("pg_advantage") or mean |vs - V(x)| ("value_error").
+    priority: str = "pg_advantage"
+    #: Added to priorities so that no live segment has probability 0.
+    eps: float = 1e-6
+
+    def validate(self) -> None:
+        """Raise ``ReplayConfigError`` naming the fix for any inconsistent setting."""
+        if not (0.0 <= self.ratio and math.isfinite(self.ratio)):
+            raise ReplayConfigError(f"replay_ratio must be >= 0 (0 = off, e.g. 0.5), got {self.ratio}")
+        for name in ("capacity", "segment_envs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ReplayConfigError(f"replay_{name} must be a positive int, got {value!r}")
+        if self.alpha < 0:
+            raise ReplayConfigError(f"replay_alpha must be >= 0 (0 = uniform), got {self.alpha}")
+        if not 0.0 <= self.beta <= 1.0:
+            raise ReplayConfigError(f"replay_beta must be in [0, 1] (it is annealed to 1), got {self.beta}")
+        if self.beta_steps is not None and self.beta_steps < 1:
+            raise ReplayConfigError(f"replay_beta_steps must be >= 1 or None, got {self.beta_steps}")
+        if not isinstance(self.max_age, int) or self.max_age < 0:
+            raise ReplayConfigError(f"replay_max_age must be an int >= 0 (policy versions), got {self.max_age!r}")
+        if self.priority not in PRIORITY_KINDS:
+            raise ReplayConfigError(f"replay_priority {self.priority!r} unknown; use one of {PRIORITY_KINDS}")
+        if not self.eps > 0:
+            raise ReplayConfigError(f"replay_eps must be > 0, got {self.eps}")
+
+    @classmethod
+    def from_learner_config(cls, learner_cfg: Any) -> ReplayConfig:
+        """Read the flat ``replay_*`` fields of a ``LearnerConfig`` (missing fields keep these defaults)."""
+        kwargs = {}
+        for name in cls.__dataclass_fields__:
+            if hasattr(learner_cfg, f"replay_{name}"):
+                kwargs[name] = getattr(learner_cfg, f"replay_{name}")
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+
+class SegmentPrioritySampler(Sampler):
+    """Proportional prioritized sampling over a dense priority vector on the learner's device.
+
+    Why not torchrl's ``PrioritizedSampler``: its sum/min segment trees live in torchrl's C++ extension, which
+    does not load with this project's torch (torchrl 0.14.1 against torch 2.13: undefined symbol), so the
+    sampler cannot even be constructed here. Replay capacity is counted in segments (hundreds to a few
+    thousand), so one ``torch.multinomial`` over the dense vector costs O(capacity) on the device, no host
+    sync and no tree; benchmarks/bench_replay.py measures it against torchrl's uniform sampler (and against
+    the PrioritizedSampler where the extension loads).
+
+    ``live_from`` (set by ``TrajectoryReplay`` before each draw) excludes segments whose newest step is older
+    than the replay age limit: they get probability 0 and do not count in N.
+    """
+
+    def __init__(self, capacity: int, alpha: float, eps: float = 1e-6, device: torch.device | str = "cpu",
+                 seed: int = 0) -> None:  # fmt: skip
+        super().__init__()
+        device = torch.device(device)
+        self.capacity, self.alpha, self.eps, self.device = capacity, alpha, eps, device
+        self.priority = torch.zeros(capacity, dtype=torch.float32, device=device)  # raw p_i
+        self.newest_version = torch.full((capacity,), -(2**62), dtype=torch.int64, device=device)
+        self.live_from: int | None = None  # oldest policy_version still usable
+        self.max_priority = 1.0  # priority of segments added without one (Schaul et al.: the max seen)
+        self.beta = 1.0
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def probabilities(self, num_stored: int) -> Tensor:
+        """P(i) over the first ``num_stored`` entries ``[num_stored]`` float32 (0 for dead segments)."""
+        scaled = (self.priority[:num_stored] + self.eps).pow(self.alpha)
+        if self.live_from is not None:
+            scaled = torch.where(self.newest_version[:num_stored] >= self.live_from, scaled, 0.0)
+        return scaled / scaled.sum()
+
+    def sample(self, storage: Any, batch_size: int) -> tuple[Tensor, dict]:
+        num_stored = len(storage)
+        if num_stored == 0:
+            raise RuntimeError("replay: cannot sample from an empty memory; add segments first")
+        probs = self.probabilities(num_stored)
+        # PERF: O(capacity) on the device; 1k segments x 64 draws ~ 30 us on one CPU core.
+        index = torch.multinomial(probs, batch_size, replacement=True, generator=self.generator)
+        # IS weights (Schaul et al. 2016, sec. 3.4): w_i = (N P(i))^-beta / max_j (N P(j))^-beta, the max over
+        # the live memory (as in OpenAI baselines and torchrl), i.e. w_i = (P(i) / P_min)^-beta.
+        live = probs > 0
+        p_min = torch.where(live, probs, torch.ones_like(probs)).min()
+        weight = (probs[index] / p_min).pow(-self.beta)
+        return index, {"priority_weight": weight}
+
+    def extend(self, index: Tensor) -> None:
+        index = torch.as_tensor(index, device=self.device).reshape(-1)
+        self.priority[index] = self.max_priority
+
+    def add(self, index: int) -> None:
+        self.extend(torch.as_tensor([index]))
+
+    def update_priority(self, index: Tensor, priority: Tensor, *, storage: Any = None) -> None:
+        index = torch.as_tensor(index, device=self.device).reshape(-1)
+        priority = torch.as_tensor(priority, dtype=torch.float32, device=self.device).reshape(-1)
+        # A non-finite priority (a skipped, non-finite update) must not poison the distribution.
+        priority = torch.where(torch.isfinite(priority), priority, torch.full_like(priority, self.max_priority))
+        self.priority[index] = priority.clamp(min=0.0)
+        # SYNC: one scalar per update keeps the running max on the host for new segments.
+        self.max_priority = max(self.max_priority, float(priority.max())) if priority.numel() else self.max_priority
+
+    def _empty(self) -> None:
+        self.priority.zero_()
+        self.newest_version.fill_(-(2**62))
+        self.max_priority = 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"priority": self.priority.clone(), "newest_version": self.newest_version.clone(),
+                "max_priority": self.max_priority}  # fmt: skip
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.priority.copy_(state_dict["priority"])
+        self.newest_version.copy_(state_dict["newest_version"])
+        self.max_priority = float(state_dict["max_priority"])
+
+    def dumps(self, path: Any) -> None:
+        torch.save(self.state_dict(), f"{path}/segment_sampler.pt")
+
+    def loads(self, path: Any) -> None:
+        self.load_state_dict(torch.load(f"{path}/segment_sampler.pt"))
+
+
+class ReplaySample(NamedTuple):
+    """Segments drawn from memory, laid out as extra env columns: ``data[k]`` is ``[T, n * b, ...]``."""
+
+    data: dict[str, Tensor]
+    index: Tensor  # [n] int64 memory indices of the segments (for the priority update)
+    weights: Tensor  # [T, n * b] float32 IS weight of each sample (its segment's weight)
+
+
+def segment_priorities(
+    pg_advantages: Tensor, value_targets: Tensor, values: Tensor, segment_envs: int, kind: str = "pg_advantage"
+) -> Tensor:
+    """Per-segment priorities ``[B / b]`` from ``[T, B]`` float32 targets (B = a multiple of ``segment_envs``).
+
+    ``pg_advantage``: mean over the segment's T * b samples of |A_t| (raw V-trace pg advantages, not normalised);
+    ``value_error``: mean of |vs_t - V(x_t)|.
+    """
+    if kind == "pg_advantage":
+        err = pg_advantages.abs()
+    elif kind == "value_error":
+        err = (value_targets - values).abs()
+    else:
+        raise ReplayConfigError(f"replay_priority {kind!r} unknown; use one of {PRIORITY_KINDS}")
+    num_steps, num_envs = err.shape
+    return err.float().reshape(num_steps, num_envs // segment_envs, segment_envs).mean(dim=(0, 2))
+
+
+class TrajectoryReplay:
+    """Prioritized memory of trained ``[T, b]`` segments, on ``device``; capacity in segments, FIFO eviction.
+
+    Attributes:
+        cfg: the ``ReplayConfig``.
+        buffer: the torchrl ``ReplayBuffer`` (``LazyTensorStorage`` + ``RoundRobinWriter`` + the segment sampler).
+        num_added / num_sampled: segments added and drawn so far.
+    """
+
+    def __init__(self, cfg: ReplayConfig, device: torch.device | str = "cpu", seed: int = 0):
+        cfg.validate()
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.sampler = SegmentPrioritySampler(cfg.capacity, cfg.alpha, cfg.eps, self.device, seed)
+        # The storage is allocated lazily by the first extend, with the segment shape [capacity, T, b, ...].
+        self.buffer = ReplayBuffer(
+            storage=LazyTensorStorage(cfg.capacity, device=self.device), sampler=self.sampler,
+            writer=RoundRobinWriter(), batch_size=None,
+        )  # fmt: skip
+        self.segment_shape: tuple[int, int] | None = None  # (T, b) once the first segments arrive
+        self.num_added = 0
+        self.num_sampled = 0
+
+    def __len__(self) -> int:
+        return len(self.buffer)
+
+    def beta(self, env_steps: int, total_env_steps: int | None = None) -> float:
+        """beta annealed linearly from ``cfg.beta`` to 1 over ``beta_steps`` fresh env steps (Schaul et al. 2016)."""
+        horizon = self.cfg.beta_steps or total_env_steps or 5_000_000
+        frac = min(1.0, max(0.0, env_steps / float(horizon)))
+        return self.cfg.beta + (1.0 - self.cfg.beta) * frac
+
+    def num_segments_for(self, num_envs: int) -> int:
+        """Segments to replay beside a fresh batch of ``num_envs`` columns: round(ratio * B / b)."""
+        return int(round(self.cfg.ratio * num_envs / self.cfg.segment_envs))
+
+    def _check_width(self, num_steps: int, num_envs: int) -> None:
+        b = self.cfg.segment_envs
+        if num_envs % b:
+            divisors = [d for d in range(1, num_envs + 1) if num_envs % d == 0]
+            near = min(divisors, key=lambda d: abs(d - b))
+            raise ReplayConfigError(
+                f"replay_segment_envs={b} must divide the batch's {num_envs} env columns; "
+                f"try learner.replay_segment_envs={near}"
+            )
+        if self.segment_shape is not None and self.segment_shape[0] != num_steps:
+            raise ReplayConfigError(
+                f"replay: segments hold T={self.segment_shape[0]} steps but this batch has T={num_steps}; "
+                "the rollout length must stay fixed while replay is on"
+            )
+
+    @torch.no_grad()
+    def add(self, batch: dict[str, Tensor], priorities: Tensor | None = None, policy_version: int = 0) -> Tensor:
+        """Cut a ``[T, B]`` batch (raw rewards, the original ``behavior_logp``) into ``B / b`` segments and store them.
+
+        ``priorities`` ``[B / b]`` (None: the max priority seen so far). ``policy_version`` fills the per-step
+        versions when the batch has none. Returns the memory indices ``[B / b]``. The oldest segments are
+        overwritten once the memory is full (FIFO).
+        """
+        from tensordict import TensorDict
+
+        num_steps, num_envs = batch["rewards"].shape
+        self._check_width(num_steps, num_envs)
+        b = self.cfg.segment_envs
+        num_segments = num_envs // b
+        fields = {}
+        for key in SEGMENT_KEYS:
+            if key == "policy_version" and key not in batch:
+                value = torch.full((num_steps, num_envs), policy_version, dtype=torch.int64, device=self.device)
+            else:
+                value = batch[key].to(self.device)
+            # [T, B, ...] -> [T, n, b, ...] -> [n, T, b, ...]: each segment keeps its time axis and its columns.
+            fields[key] = value.reshape(num_steps, num_segments, b, *value.shape[2:]).transpose(0, 1)
+        segments = TensorDict(fields, batch_size=[num_segments, num_steps, b], device=self.device)
+        index = self.buffer.extend(segments)
+        index = torch.as_tensor(index, device=self.device)
+        self.sampler.newest_version[index] = fields["policy_version"].amax(dim=(1, 2))
+        if priorities is not None:
+            self.sampler.update_priority(index, priorities)
+        self.segment_shape = (num_steps, b)
+        self.num_added += num_segments
+        return index
+
+    @torch.no_grad()
+    def sample(self, num_segments: int, learner_version: int, beta: float) -> ReplaySample | None:
+        """Draw ``num_segments`` segments by priority among those whose newest step is at most ``max_age`` versions
+        behind ``learner_version``; None when the memory holds none (or ``num_segments`` is 0)."""
+        if num_segments <= 0 or len(self.buffer) == 0:
+            return None
+        self.sampler.live_from = learner_version - self.cfg.max_age
+        self.sampler.beta = beta
+        # SYNC: one scalar: are any segments young enough?
+        if not bool((self.sampler.newest_version[: len(self.buffer)] >= self.sampler.live_from).any()):
+            return None
+        segments, info = self.buffer.sample(num_segments, return_info=True)
+        index = torch.as_tensor(info["index"], device=self.device)
+        num_steps, b = segments.batch_size[1], segments.batch_size[2]
+        # [n, T, b, ...] -> [T, n * b, ...]: replayed segments become extra env columns of the batch.
+        data = {key: segments[key].transpose(0, 1).reshape(num_steps, num_segments * b, *segments[key].shape[3:])
+                for key in SEGMENT_KEYS}  # fmt: skip
+        weights = info["priority_weight"].float().to(self.device)
+        weights = weights.repeat_interleave(b).unsqueeze(0).expand(num_steps, -1)
+        self.num_sampled += num_segments
+        return ReplaySample(data, index, weights)
+
+    @torch.no_grad()
+    def update_priorities(self, index: Tensor, priorities: Tensor) -> None:
+        """Set the priorities ``[n]`` of the segments at memory ``index`` ``[n]`` (duplicates: the last wins)."""
+        self.sampler.update_priority(index, priorities)
+
+
+def frozen_reward_scale(rewards: Tensor, scaler: Any, clip: float | None) -> Tensor:
+    """Scale replayed raw rewards ``[T, n]`` with the learner's CURRENT return statistics without updating them.
+
+    The scaler's per-env discounted-return accumulators follow the fresh env columns; replayed columns must not
+    advance them (nor count twice in the running variance).
+    """
+    scaled = rewards / math.sqrt(scaler.var + scaler.eps)
+    return scaled.clamp(-clip, clip) if clip is not None else scaled
+
+
+# ----- weighted loss pieces -----------------------------------------------------------------------------------------
+# The learner's sample_fast.losses average with equal weights; a batch with replayed segments weights each sample by
+# its IS weight (1 for fresh samples). Same formulas, per-sample weights w: mean_i over the mask of w_i * l_i.
+
+
+def weighted_mean(x: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
+    """``sum(w x) / count`` over ``mask`` (``[N]`` each); masked-out entries may hold NaN. 0-dim tensor."""
+    wx = weights * x
+    if mask is None:
+        return wx.mean()
+    return torch.where(mask, wx, torch.zeros_like(wx)).sum() / mask.sum().clamp(min=1).to(x.dtype)
+
+
+def weighted_ppo_clip_loss(
+    target_logp: Tensor, behavior_logp: Tensor, advantages: Tensor, clip_eps: float, weights: Tensor,
+    mask: Tensor | None = None, dual_clip: float | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``sample_fast.losses.ppo_clip_loss`` with per-sample weights ``[N]``: ``-mean(w * min(r A, clip(r) A))``.
+
+    Returns ``(loss, clip_frac)`` (clip_frac unweighted, as a diagnostic).
+    """
+    advantages = advantages.detach()
+    ratio = torch.exp(target_logp - behavior_logp)
+    objective = torch.minimum(ratio * advantages, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages)
+    if dual_clip is not None:
+        objective = torch.where(advantages < 0, torch.maximum(objective, dual_clip * advantages), objective)
+    loss = -weighted_mean(objective, weights.detach(), mask)
+    clipped = ((ratio - 1.0).abs() > clip_eps).to(ratio.dtype)
+    clip_frac = weighted_mean(clipped, torch.ones_like(clipped), mask)
+    return loss, clip_frac.detach()
+
+
+def weighted_value_loss(
+    values: Tensor, value_targets: Tensor, weights: Tensor, old_values: Tensor | None = None,
+    clip_eps: float | None = None, mask: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """``sample_fast.losses.value_loss`` with per-sample weights: ``0.5 * mean(w * (V - vs)^2)`` (PPO2 clip opt.)."""
+    value_targets = value_targets.detach()
+    err = (values - value_targets).square()
+    if clip_eps is not None:
+        if old_values is None:
+            raise ValueError("weighted_value_loss: clip_eps needs old_values (the predictions the targets used)")
+        old_values = old_values.detach()
+        err = torch.maximum(err, (old_values + torch.clamp(values - old_values, -clip_eps, clip_eps) - value_targets)
+                            .square())  # fmt: skip
+    return 0.5 * weighted_mean(err, weights.detach(), mask)
+
+
+def weighted_approx_kl(target_logp: Tensor, behavior_logp: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
+    """``sample_fast.losses.approx_kl`` (k3 estimator) with per-sample weights."""
+    log_ratio = target_logp - behavior_logp
+    return weighted_mean(torch.expm1(log_ratio) - log_ratio, weights.detach(), mask)

@@ -1,0 +1,180 @@
+"""Prioritized trajectory replay (sample_fast.replay): sampling law, IS weights, priority updates, FIFO eviction,
+segment layout, age limit, beta annealing, weighted losses, and a learner step with replay on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sample_fast import losses
+from sample_fast.replay import (
+    ReplayConfig,
+    ReplayConfigError,
+    TrajectoryReplay,
+    segment_priorities,
+    weighted_approx_kl,
+    weighted_ppo_clip_loss,
+    weighted_value_loss,
+)
+
+T, B = 5, 8
+
+
+def make_batch(version: int, num_envs: int = B, num_steps: int = T, obs_dim: int = 3) -> dict[str, torch.Tensor]:
+    """A batch whose every entry encodes (version, t, env): obs[t, e, 0] = 1000 v + 10 t + e, etc."""
+    t_idx = torch.arange(num_steps).view(-1, 1).float()
+    e_idx = torch.arange(num_envs).view(1, -1).float()
+    code = 1000.0 * version + 10.0 * t_idx + e_idx  # [T, B]
+    return {
+        "obs": code.unsqueeze(-1).repeat(1, 1, obs_dim),
+        "actions": (code + 0.5).unsqueeze(-1).repeat(1, 1, 2),
+        "behavior_logp": -code,
+        "rewards": code * 0.001,
+        "terminated": (t_idx + e_idx).remainder(3).eq(0).expand(num_steps, num_envs).clone(),
+        "truncated": (t_idx + e_idx).remainder(5).eq(0).expand(num_steps, num_envs).clone(),
+        "next_obs": (code + 10.0).unsqueeze(-1).repeat(1, 1, obs_dim),
+        "policy_version": torch.full((num_steps, num_envs), version, dtype=torch.int64),
+    }
+
+
+def filled_replay(priorities: list[float], alpha: float, beta: float = 1.0, seed: int = 0) -> TrajectoryReplay:
+    """A memory holding len(priorities) one-column segments (b = 1) with these priorities."""
+    cfg = ReplayConfig(ratio=1.0, capacity=len(priorities), segment_envs=1, alpha=alpha, beta=beta, eps=1e-9)
+    replay = TrajectoryReplay(cfg, "cpu", seed=seed)
+    replay.add(make_batch(0, num_envs=len(priorities)), torch.tensor(priorities))
+    return replay
+
+
+@pytest.mark.timeout(60)
+def test_sampling_frequencies_follow_priority_power_alpha():
+    # P(i) = p_i^alpha / sum_j p_j^alpha; chi-square goodness of fit over 20k draws (fixed seed).
+    priorities, alpha, num_draws = [1.0, 2.0, 4.0, 8.0, 0.5], 0.7, 20_000
+    replay = filled_replay(priorities, alpha)
+    counts = torch.zeros(len(priorities))
+    for _ in range(20):
+        sample = replay.sample(num_draws // 20, learner_version=0, beta=1.0)
+        counts += torch.bincount(sample.index, minlength=len(priorities)).float()
+    scaled = torch.tensor(priorities) ** alpha
+    expected = num_draws * scaled / scaled.sum()
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 18.47, (counts, expected)  # chi-square, 4 degrees of freedom, p = 0.001
+    # The same counts are far from the alpha = 1 law, so the test can tell the exponent apart.
+    wrong = num_draws * torch.tensor(priorities) / sum(priorities)
+    assert float(((counts - wrong) ** 2 / wrong).sum()) > 200.0
+
+
+@pytest.mark.timeout(60)
+def test_importance_weights_match_schaul_formula():
+    # alpha = 1, beta = 0.5, p = [1, 2, 4]: P = [1/7, 2/7, 4/7], N = 3.
+    # w_i = (N P_i)^-beta = (3/7)^-0.5, (6/7)^-0.5, (12/7)^-0.5 = 1.5275, 1.0801, 0.7638; / max -> [1, 0.7071, 0.5].
+    replay = filled_replay([1.0, 2.0, 4.0], alpha=1.0)
+    sample = replay.sample(300, learner_version=0, beta=0.5)
+    expected = torch.tensor([1.0, 1 / math.sqrt(2.0), 0.5])
+    seg_weights = sample.weights[0]  # [n * b] with b = 1
+    torch.testing.assert_close(seg_weights, expected[sample.index], rtol=1e-5, atol=1e-6)
+    # The weight is constant along each segment's time axis.
+    assert torch.equal(sample.weights, sample.weights[:1].expand(T, -1))
+    # beta = 0: no correction at all.
+    assert torch.allclose(replay.sample(10, 0, beta=0.0).weights, torch.ones(T, 10))
+
+
+@pytest.mark.timeout(60)
+def test_priorities_update_changes_sampling_and_ignores_nonfinite():
+    replay = filled_replay([1.0, 1.0, 1.0, 1.0], alpha=1.0)
+    replay.update_priorities(torch.tensor([2]), torch.tensor([1e6]))
+    assert torch.bincount(replay.sample(1000, 0, 1.0).index, minlength=4)[2] > 990
+    replay.update_priorities(torch.tensor([2, 3]), torch.tensor([0.0, 5.0]))
+    counts = torch.bincount(replay.sample(2000, 0, 1.0).index, minlength=4).float()
+    assert counts[2] == 0 and counts[3] > counts[0] * 2  # p = [1, 1, 0, 5]: 0 is never drawn (eps = 1e-9)
+    # A NaN priority (non-finite update) falls back to the max priority seen, never poisons the table.
+    replay.update_priorities(torch.tensor([0]), torch.tensor([float("nan")]))
+    assert replay.sampler.priority[0] == 1e6 and torch.isfinite(replay.sampler.priority).all()
+
+
+@pytest.mark.timeout(60)
+def test_eviction_is_fifo_in_segments():
+    cfg = ReplayConfig(ratio=1.0, capacity=6, segment_envs=4)  # B = 8 -> 2 segments per batch, 3 batches fit
+    replay = TrajectoryReplay(cfg, "cpu")
+    written = [replay.add(make_batch(v), policy_version=v).tolist() for v in range(5)]
+    assert written == [[0, 1], [2, 3], [4, 5], [0, 1], [2, 3]]  # round robin: the oldest slots are overwritten
+    assert len(replay) == 6
+    stored_versions = replay.buffer.storage[torch.arange(6)]["policy_version"][:, 0, 0].tolist()
+    assert stored_versions == [3, 3, 4, 4, 2, 2]  # batches 0 and 1 were evicted first
+
+
+@pytest.mark.timeout(60)
+def test_segments_keep_time_structure_and_behavior_logp():
+    cfg = ReplayConfig(ratio=1.0, capacity=8, segment_envs=2, alpha=0.0)
+    replay = TrajectoryReplay(cfg, "cpu")
+    batch = make_batch(7)
+    index = replay.add(batch)
+    assert index.tolist() == [0, 1, 2, 3]
+    sample = replay.sample(16, learner_version=7, beta=1.0)
+    for j, seg in enumerate(sample.index.tolist()):
+        cols = slice(2 * seg, 2 * seg + 2)  # segment i holds env columns [2 i, 2 i + 2) of the batch
+        for key in ("obs", "actions", "behavior_logp", "rewards", "terminated", "truncated", "next_obs"):
+            assert torch.equal(sample.data[key][:, 2 * j : 2 * j + 2], batch[key][:, cols]), key
+        assert (sample.data["policy_version"][:, 2 * j : 2 * j + 2] == 7).all()
+    assert sample.data["obs"].shape == (T, 32, 3)
+
+
+@pytest.mark.timeout(60)
+def test_age_limit_excludes_old_segments():
+    cfg = ReplayConfig(ratio=1.0, capacity=8, segment_envs=4, alpha=1.0, max_age=3)
+    replay = TrajectoryReplay(cfg, "cpu")
+    replay.add(make_batch(0), torch.tensor([100.0, 100.0]))  # old but high priority
+    replay.add(make_batch(5), torch.tensor([1.0, 1.0]))
+    sample = replay.sample(200, learner_version=6, beta=1.0)  # live: versions >= 3
+    assert set(sample.index.tolist()) == {2, 3}
+    assert torch.allclose(sample.weights, torch.ones_like(sample.weights))  # N and P_min count live segments only
+    assert replay.sample(4, learner_version=9, beta=1.0) is None  # everything is older than 3 versions
+
+
+@pytest.mark.timeout(60)
+def test_beta_annealing_and_segment_count():
+    replay = TrajectoryReplay(ReplayConfig(ratio=0.5, segment_envs=4, beta=0.4, beta_steps=1000), "cpu")
+    assert replay.beta(0) == pytest.approx(0.4)
+    assert replay.beta(500) == pytest.approx(0.7)
+    assert replay.beta(5000) == pytest.approx(1.0)
+    assert replay.num_segments_for(32) == 4  # 0.5 * 32 columns / 4 per segment
+    with pytest.raises(ReplayConfigError, match="replay_segment_envs"):
+        replay.add(make_batch(0, num_envs=6))
+    with pytest.raises(ReplayConfigError, match="replay_ratio"):
+        ReplayConfig(ratio=-1.0).validate()
+
+
+def test_segment_priorities_hand_computed():
+    adv = torch.tensor([[1.0, -3.0, 2.0, 0.0], [-1.0, 1.0, 0.0, 4.0]])  # [T=2, B=4], b = 2
+    # segment 0: |1| |-3| |-1| |1| -> 1.5; segment 1: |2| |0| |0| |4| -> 1.5
+    assert segment_priorities(adv, adv, adv, 2).tolist() == [1.5, 1.5]
+    vs, v = torch.ones(2, 4), torch.tensor([[0.0, 1.0, 3.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    assert segment_priorities(adv, vs, v, 2, "value_error").tolist() == [0.25, 0.5]
+
+
+def test_weighted_losses_equal_unweighted_at_unit_weight_and_scale_per_sample():
+    gen = torch.Generator().manual_seed(0)
+    n = 64
+    target_logp = torch.randn(n, generator=gen, requires_grad=True)
+    behavior_logp, adv = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    values, vs, old_v = torch.randn(n, generator=gen), torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    mask = torch.rand(n, generator=gen) > 0.2
+    ones = torch.ones(n)
+    ref, ref_clip, _ = losses.ppo_clip_loss(target_logp, behavior_logp, adv, 0.2, mask, dual_clip=3.0)
+    got, got_clip = weighted_ppo_clip_loss(target_logp, behavior_logp, adv, 0.2, ones, mask, dual_clip=3.0)
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(got_clip, ref_clip)
+    torch.testing.assert_close(
+        weighted_value_loss(values, vs, ones, old_v, 0.3, mask), losses.value_loss(values, vs, old_v, 0.3, mask)
+    )
+    torch.testing.assert_close(
+        weighted_approx_kl(target_logp, behavior_logp, ones, mask), losses.approx_kl(target_logp, behavior_logp, mask)
+    )
+    # Zero weight on half the samples: their gradient is exactly zero, the others keep the unit-weight gradient.
+    weights = torch.where(torch.arange(n) < n // 2, 1.0, 0.0)
+    loss, _ = weighted_ppo_clip_loss(target_logp, behavior_logp, adv, 0.2, weights, None)
+    (grad,) = torch.autograd.grad(loss, target_logp)
+    (ref_grad,) = torch.autograd.grad(losses.ppo_clip_loss(target_logp, behavior_logp, adv, 0.2)[0], target_logp)
+    assert torch.all(grad[n // 2 :] == 0)
+    torch.testing.assert_close(grad[: n // 2], ref_grad[: n // 2])
