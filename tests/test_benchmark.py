@@ -201,6 +201,8 @@ def test_presets_compose():
     gpu = compose_cfg("preset=gpu")
     assert (gpu.backends, gpu.device, gpu.num_envs) == (["mjx"], "cuda", [1024, 4096, 16384, 65536])
     assert gpu.stages == ["env", "inference", "train"]
+    cpu = compose_cfg("preset=cpu")
+    assert (cpu.num_envs, cpu.sample_factory.env_steps, cpu.peers) == ([64, 256], 200000, BenchmarkConfig().peers)
     ci = compose_cfg("preset=ci", "num_envs=[2,3]")
     assert (ci.envs, ci.num_envs, ci.repeats) == (["toy"], [2, 3], 1)  # command line beats preset
 
