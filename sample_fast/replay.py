@@ -308,6 +308,42 @@ class TrajectoryReplay:
         """Set the priorities ``[n]`` of the segments at memory ``index`` ``[n]`` (duplicates: the last wins)."""
         self.sampler.update_priority(index, priorities)
 
+    @torch.no_grad()
+    def join(
+        self, fresh: dict[str, Tensor], fresh_rewards: Tensor, fresh_mask: Tensor | None, sample: ReplaySample,
+        learner_version: int, scale_rewards: Any = None,
+    ) -> tuple[dict[str, Tensor], Tensor, Tensor, Tensor]:  # fmt: skip
+        """Append replayed segments to a fresh ``[T, B]`` batch as extra env columns ``[T, B + n b]``.
+
+        Args:
+            fresh: the fresh batch (``[T, B, ...]`` tensors on the learner's device).
+            fresh_rewards: ``[T, B]`` the fresh rewards as the learner trains on them (already scaled).
+            fresh_mask: ``[T, B]`` bool policy-lag mask of the fresh columns, or None (all count).
+            sample: from ``sample``.
+            learner_version: the learner's policy_version; replayed samples older than ``max_age`` are masked.
+            scale_rewards: maps replayed raw rewards ``[T, n b]`` to training rewards (e.g. ``frozen_reward_scale``
+                bound to the learner's scaler); None keeps them raw.
+
+        Returns ``(data, rewards, mask, weights)``: data holds the keys V-trace and the loss need (behaviour logp
+        stays the acting policy's: V-trace's ratios correct for the segment's age), mask ``[T, B + n b]`` bool,
+        weights ``[T, B + n b]`` float32 (1 for fresh columns, the IS weight for replayed ones).
+        """
+        replayed = sample.data
+        num_steps, num_envs = fresh_rewards.shape
+        device = fresh_rewards.device
+        data = {key: torch.cat([fresh[key], replayed[key].to(device)], dim=1) for key in SEGMENT_KEYS[:-1]}
+        replay_rewards = replayed["rewards"].to(device)
+        if scale_rewards is not None:
+            replay_rewards = scale_rewards(replay_rewards)
+        rewards = torch.cat([fresh_rewards, replay_rewards.to(fresh_rewards.dtype)], dim=1)
+        # INVARIANT: replayed data is never dropped by the learner's max_policy_lag, only by replay's own max_age.
+        replay_mask = (learner_version - replayed["policy_version"].to(device)) <= self.cfg.max_age
+        if fresh_mask is None:
+            fresh_mask = torch.ones(num_steps, num_envs, dtype=torch.bool, device=device)
+        mask = torch.cat([fresh_mask, replay_mask], dim=1)
+        weights = torch.cat([torch.ones(num_steps, num_envs, device=device), sample.weights.to(device)], dim=1)
+        return data, rewards, mask, weights
+
 
 def frozen_reward_scale(rewards: Tensor, scaler: Any, clip: float | None) -> Tensor:
     """Scale replayed raw rewards ``[T, n]`` with the learner's CURRENT return statistics without updating them.
