@@ -321,3 +321,14 @@ def test_rows_with_non_default_physics_say_so():
     assert _options_note(Case("env", "peer", "mujoco_rollout", "ant", 64), cfg) == ""
     own = compose_cfg("backend_options.mjx.solver_iterations=null", "backend_options.mjx.ls_iterations=null")
     assert _options_note(mjx, own) == ""
+
+
+@pytest.mark.timeout(60)
+def test_rounds_pool_windows_per_case(tmp_path):
+    cfg = compose_cfg("preset=ci", "rounds=3", "stages=[env]", f"out_dir={tmp_path}")
+    console, buf = quiet_console()
+    rep = run_suite(cfg, console=console, write=False)
+    (r,) = rep["results"]  # one case (env stage, toy, 4 envs), measured once per round
+    assert len(r["env_steps_per_s"]["repeats"]) == 3 and len(r["extra"]["load_1min_at_start"]) == 3
+    assert r["env_steps_per_s"]["median"] == sorted(r["env_steps_per_s"]["repeats"])[1]
+    assert buf.getvalue().count("(round ") == 3 and rep["timing"]["rounds"] == 3

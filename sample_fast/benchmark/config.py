@@ -67,7 +67,10 @@ class BenchmarkConfig:
     num_envs: list[int] = field(default_factory=lambda: [64, 256, 1024])
     #: Peers run in the same process tree for comparison; [] for none.
     peers: list[str] = field(default_factory=lambda: list(PEER_NAMES))
-    repeats: int = 3  #: timed windows per case (median and spread are over these)
+    repeats: int = 3  #: timed windows per case and round (median and spread are over all of them)
+    #: Passes over the whole plan; each case's windows are pooled over rounds. rounds=3 repeats=1 spreads every
+    #: case's windows over the run, so a load spike from another process hits every runner alike.
+    rounds: int = 1
     seconds_per_repeat: float = 3.0
     warmup_s: float = 1.0  #: untimed seconds after the first (compiling) step
     measure_timeout_s: float = 300.0  #: budget of one case, start-up and compilation included
@@ -136,7 +139,7 @@ def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
             raise BenchmarkConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
     if cfg.warmup_s < 0:
         raise BenchmarkConfigError(f"warmup_s must be >= 0, got {cfg.warmup_s}")
-    for name in ("rollout_len", "num_splits", "torch_threads"):
+    for name in ("rollout_len", "num_splits", "torch_threads", "rounds"):
         if getattr(cfg, name) < 1:
             raise BenchmarkConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     unknown_opts = [b for b in cfg.backend_options if b not in SUITE_BACKENDS]

@@ -208,10 +208,12 @@ def markdown(report: dict[str, Any]) -> str:
             else ""
         )
         + ".",
-        f"Each figure: median of {t['repeats']} windows of {t['seconds_per_repeat']:g} s after a "
-        f"{t['warmup_s']:g} s warm-up; spread is min–max. Env steps are agent actions; physics steps = env steps × "
-        f"frame_skip. ×limit: ratio to raw `mujoco.rollout` (best over num_envs); ×best peer: ratio to the best "
-        f"peer of the same stage and env.",
+        f"Each figure: median of {t['repeats']} window(s) of {t['seconds_per_repeat']:g} s after a "
+        f"{t['warmup_s']:g} s warm-up"
+        + (f", in each of {t['rounds']} rounds over the whole plan" if t.get("rounds", 1) > 1 else "")
+        + "; spread is min–max. Env steps are agent actions; physics steps = env steps × "
+        "frame_skip. ×limit: ratio to raw `mujoco.rollout` (best over num_envs); ×best peer: ratio to the best "
+        "peer of the same stage and env.",
         "",
         "| stage | runner | env | num_envs | env steps/s | spread | n | frame_skip | physics steps/s | × limit | "
         "× best peer | notes |",

@@ -81,10 +81,10 @@ def _options_note(case: Case, cfg: BenchmarkConfig) -> str:
     return "options: " + ", ".join(f"{k}={v}" for k, v in sorted(opts.items())) if opts else ""
 
 
-def _result_dict(case: Case, res: CaseResult, load_1min: float | None, cfg: BenchmarkConfig) -> dict[str, Any]:
+def _result_dict(case: Case, res: CaseResult, loads: list[float | None], cfg: BenchmarkConfig) -> dict[str, Any]:
     stats = summarize(res.rates)
     extra = dict(res.extra)
-    extra["load_1min_at_start"] = load_1min
+    extra["load_1min_at_start"] = loads  # one per round
     notes = "; ".join(n for n in (_options_note(case, cfg), res.notes) if n)
     return {
         "stage": case.stage,
@@ -101,6 +101,22 @@ def _result_dict(case: Case, res: CaseResult, load_1min: float | None, cfg: Benc
         "notes": notes,
         "extra": extra,
     }
+
+
+def _limits(merged: dict[Case, CaseResult]) -> dict[str, Any]:
+    """Physical limits from the windows measured so far (for the running log lines)."""
+    rows = [
+        {
+            "name": c.name,
+            "kind": c.kind,
+            "env": c.env,
+            "num_envs": c.num_envs,
+            "env_steps_per_s": {"median": summarize(r.rates)["median"]},
+        }
+        for c, r in merged.items()
+        if c.name == rep.LIMIT_PEER
+    ]
+    return rep.physical_limits(rows)
 
 
 def _result_line(r: dict[str, Any], limits: dict[str, Any]) -> str:
@@ -127,7 +143,6 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
     cases, skipped = plan(cfg)
     for s in skipped:
         console.print(f"[yellow]skip[/] {s['what']}: {s['reason']}")
-    results: list[dict[str, Any]] = []
 
     def log_skip(case: Case, reason: str) -> None:
         skipped.append({"what": case.label(), "reason": reason})
@@ -144,42 +159,60 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
         transient=True,
     )
     unavailable: dict[str, str] = {}  # a backend or peer that failed to import: skip its other sizes quickly
+    merged: dict[Case, CaseResult] = {}  # windows of every round, pooled per case
+    loads: dict[Case, list[float | None]] = {}
+    dropped: set[Case] = set()  # skipped or failed once: not retried in later rounds
+    interrupted = False
     with progress:
-        task = progress.add_task("benchmark", total=len(cases))
-        for case in cases:
-            progress.update(task, description=case.label())
-            key = f"{case.kind}:{case.name}"
-            if key in unavailable:
-                log_skip(case, unavailable[key])
-                progress.advance(task)
-                continue
-            load_1min = (rep.load_average() or [None])[0]
-            try:
-                if _isolated(case, cfg):
-                    res = run_isolated(run_case, (case, cfg), cfg.measure_timeout_s + 60.0)
+        task = progress.add_task("benchmark", total=len(cases) * cfg.rounds)
+        for round_idx in range(cfg.rounds):
+            for case in cases:
+                progress.update(task, description=f"{case.label()} (round {round_idx + 1}/{cfg.rounds})")
+                key = f"{case.kind}:{case.name}"
+                if case in dropped or (key in unavailable and round_idx > 0):
+                    progress.advance(task)
+                    continue
+                if key in unavailable:
+                    dropped.add(case)
+                    log_skip(case, unavailable[key])
+                    progress.advance(task)
+                    continue
+                load_1min = (rep.load_average() or [None])[0]
+                try:
+                    if _isolated(case, cfg):
+                        res = run_isolated(run_case, (case, cfg), cfg.measure_timeout_s + 60.0)
+                    else:
+                        res = run_case(case, cfg)
+                except Skip as e:
+                    reason = str(e)
+                    if "install" in reason or "not available" in reason or "needs the package" in reason:
+                        unavailable[key] = reason
+                    dropped.add(case)
+                    log_skip(case, reason)
+                except KeyboardInterrupt:
+                    console.print("[red]interrupted[/]: writing the results measured so far")
+                    interrupted = True
+                    break
+                except Exception as e:  # one failing case must not lose the others' figures
+                    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+                    # First and last line: what failed and (for a child's traceback) the innermost error.
+                    summary = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+                    dropped.add(case)
+                    log_skip(case, f"failed: {type(e).__name__}: {summary[:500]}")
+                    if os.environ.get("SAMPLE_FAST_BENCH_DEBUG"):
+                        console.print(traceback.format_exc())
                 else:
-                    res = run_case(case, cfg)
-            except Skip as e:
-                reason = str(e)
-                if "install" in reason or "not available" in reason or "needs the package" in reason:
-                    unavailable[key] = reason
-                log_skip(case, reason)
-            except KeyboardInterrupt:
-                console.print("[red]interrupted[/]: writing the results measured so far")
+                    loads.setdefault(case, []).append(load_1min)
+                    if case in merged:
+                        merged[case].rates.extend(res.rates)
+                    else:
+                        merged[case] = res
+                    line = _result_line(_result_dict(case, res, [load_1min], cfg), _limits(merged))
+                    console.print(line + (f" (round {round_idx + 1}/{cfg.rounds})" if cfg.rounds > 1 else ""))
+                progress.advance(task)
+            if interrupted:
                 break
-            except Exception as e:  # one failing case must not lose the others' figures
-                lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
-                # First and last line: what failed and (for a child's traceback) the innermost error.
-                summary = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-                reason = f"failed: {type(e).__name__}: {summary[:500]}"
-                log_skip(case, reason)
-                if os.environ.get("SAMPLE_FAST_BENCH_DEBUG"):
-                    console.print(traceback.format_exc())
-            else:
-                r = _result_dict(case, res, load_1min, cfg)
-                results.append(r)
-                console.print(_result_line(r, rep.physical_limits(results)))
-            progress.advance(task)
+    results = [_result_dict(case, merged[case], loads[case], cfg) for case in cases if case in merged]
     limits, peers = rep.add_ratios(results)
     load_after = rep.load_average()
     usable = machine["cpu_usable"] or 1
@@ -196,6 +229,7 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
             "note": "1/5/15-min load averages; 'before' is other processes' load, as the suite had not started",
         },
         "timing": {
+            "rounds": cfg.rounds,
             "repeats": cfg.repeats,
             "seconds_per_repeat": cfg.seconds_per_repeat,
             "warmup_s": cfg.warmup_s,
