@@ -231,8 +231,8 @@ def test_non_finite_physics_resets_only_that_env():
         a = _actions(env, rng)
         env.step(a)
         ref.step(a)
-        env.datas[1].qpos[3] = np.nan  # through the exposed MjData: a NaN quaternion
-        env.datas[2].qvel[:] = 1e12  # beyond MuJoCo's mjMAXVAL
+        env.state_view("qpos")[1, 3] = np.nan  # a NaN quaternion
+        env.state_view("qvel")[2, :] = 1e12  # beyond MuJoCo's mjMAXVAL
         a = _actions(env, rng)
         r = env.step(a)
         rr = ref.step(a)
@@ -262,6 +262,7 @@ def test_bad_input_errors():
         with pytest.raises(EnvError, match="torch.Tensor"):
             env.step(np.zeros((2, 8), dtype=np.float32))
         r = env.step(torch.full((2, 8), 5.0))  # out of range: clipped to [-1, 1], so the cost is 0.5 * 8
+        assert (env.state_view("ctrl") == 1.0).all()  # what the actuators received
         torch.testing.assert_close(r.info["x_velocity"] + 1.0 - 4.0, r.reward, atol=0.05, rtol=0)
     with pytest.raises(EnvError, match="unknown option.*valid options:.*ctrl_cost_weight.*num_threads"):
         make("ant", 2, backend="mujoco", ctrl_cost_wieght=0.1)
@@ -273,6 +274,8 @@ def test_bad_input_errors():
         make("ant", 2, backend="mujoco", num_threads=0)
     with make("ant", 2, backend="mujoco") as env, pytest.raises(EnvError, match="reset"):
         env.step(torch.zeros(2, 8))
+    with make("ant", 2, backend="mujoco") as env, pytest.raises(EnvError, match="qpos, qvel"):
+        env.state_view("qpos_typo")
 
 
 @pytest.mark.timeout(60)
