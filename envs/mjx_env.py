@@ -194,6 +194,7 @@ class MjxEnv(BatchedEnv):
         normal_qvel = task.reset_noise == "uniform_normal"
         max_steps = opts["max_episode_steps"]
         zero_cfrc = jnp.zeros((self.consts.nbody, 6), dtype)
+        skip_idle_reset = self.jax_device.platform == "cpu"
         kinematics_only = set(fields) <= {"qpos", "qvel", "xpos", "xipos", "cfrc_ext"}
 
         def reset_one(mx: Any, key: jax.Array) -> tuple[Any, jax.Array]:
@@ -262,8 +263,14 @@ class MjxEnv(BatchedEnv):
                 fresh, fresh_obs = jax.vmap(reset_one, in_axes=(None, 0))(mx, sub)
                 return where_rows(done, fresh, data), jnp.where(done[:, None], fresh_obs, obs)
 
-            # PERF: the reset branch (one mj_forward per env) runs only when some env ended its episode.
-            new_data, next_obs = jax.lax.cond(jnp.any(done), with_reset, lambda _: (data, obs), None)
+            if skip_idle_reset:
+                # PERF: on the CPU the reset branch (kinematics or a forward pass per env) runs only when some env
+                # ended its episode: most steps of small batches.
+                new_data, next_obs = jax.lax.cond(jnp.any(done), with_reset, lambda _: (data, obs), None)
+            else:
+                # PERF: on a GPU a data-dependent cond costs a device->host read of the predicate per step, and with
+                # thousands of envs some episode ends nearly every step anyway: always compute, select per row.
+                new_data, next_obs = with_reset(None)
             out = StepOut(
                 obs=next_obs,
                 reward=reward,
