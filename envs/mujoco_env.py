@@ -67,6 +67,26 @@ def _state_slices(model: mujoco.MjModel) -> dict[str, slice]:
     return out
 
 
+class _StateSnapshots:
+    """``MujocoEnv.datas``: ``[i]`` loads env i's state into one spare MjData and runs ``mj_forward``."""
+
+    def __init__(self, env: MujocoEnv) -> None:
+        self._env = env
+
+    def __len__(self) -> int:
+        return self._env.num_envs
+
+    def __getitem__(self, env_idx: int) -> mujoco.MjData:
+        env = self._env
+        if not -env.num_envs <= env_idx < env.num_envs:
+            raise IndexError(f"env index {env_idx} out of range for {env.num_envs} envs")
+        if env._snapshot is None:
+            env._snapshot = mujoco.MjData(env.model)
+        mujoco.mj_setState(env.model, env._snapshot, env._state[env_idx], _STATE_SPEC)
+        mujoco.mj_forward(env.model, env._snapshot)
+        return env._snapshot
+
+
 class _Worker:
     """State of one worker thread: its env slice and the views it reads and writes. Holds no reference to the env,
     so an env dropped without ``close()`` is still garbage collected (and ``__del__`` stops the threads)."""
@@ -293,6 +313,13 @@ class MujocoEnv(BatchedEnv):
             raise EnvError(f"unknown state part {name!r}; choose one of {', '.join(self._state_slices)}")
         return self._state[:, self._state_slices[name]]
 
+    @property
+    def datas(self) -> _StateSnapshots:
+        """``env.datas[i]``: an ``MjData`` holding env i's current state with ``mj_forward`` applied, for rendering
+        (``mujoco.Renderer.update_scene``) and inspection. A snapshot: writes to it do not reach the env (use
+        ``state_view`` or ``set_state``), and the next ``datas[j]`` reuses the same ``MjData``."""
+        return _StateSnapshots(self)
+
     # ----- step -------------------------------------------------------------------------------------------
     def step(self, actions: torch.Tensor) -> StepResult:
         """``send`` + ``recv``, with the caller's thread stepping the last slice itself instead of idling.
@@ -350,6 +377,7 @@ class MujocoEnv(BatchedEnv):
             raise EnvError(self._broken)
         self._in_flight = False
 
+    _snapshot: mujoco.MjData | None = None  # the MjData behind ``datas[i]``, made on first use
     _in_flight = False  # a step was sent to the workers and not yet waited for
     _broken: str | None = None  # why this env can no longer step (a timeout or a worker error)
 

@@ -349,3 +349,21 @@ def test_cuda_device_outputs():
         r = env.step(torch.zeros(4, 3, device="cuda"))
         assert obs.device.type == "cuda" and r.obs.device.type == "cuda" and r.info["final_obs"].device.type == "cuda"
         assert r.reward.device.type == "cuda" and r.info["episode_return"].device.type == "cuda"
+
+
+@pytest.mark.timeout(60)
+def test_datas_snapshot_for_rendering():
+    with make("hopper", 3, backend="mujoco", seed=2) as env:
+        env.reset()
+        r = env.step(torch.full((3, 3), 0.3))
+        assert len(env.datas) == 3
+        for i in range(3):
+            d = env.datas[i]
+            np.testing.assert_array_equal(d.qpos, env.state_view("qpos")[i])
+            np.testing.assert_array_equal(d.qvel, env.state_view("qvel")[i])
+            # hopper's observation is qpos[1:] ++ clip(qvel, -10, 10)
+            expected = np.concatenate([d.qpos[1:], np.clip(d.qvel, -10, 10)]).astype(np.float32)
+            np.testing.assert_array_equal(r.obs[i].numpy(), expected)
+            assert d.xpos[1, 2] > 0  # kinematics computed (torso above the floor)
+        with pytest.raises(IndexError):
+            env.datas[3]
