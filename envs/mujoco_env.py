@@ -34,6 +34,7 @@ from .tasks import TASKS, Physics, is_terminated, resolve_options
 BACKEND_OPTIONS: dict[str, Any] = {
     "num_threads": None,  # None: os.cpu_count(); never more than num_envs
     "step_timeout_s": 60.0,  # recv() raises if the workers have not finished a step by then
+    "model_params": None,  # per-env MjModel fields {field: [num_envs, ...]} (domain randomization, envs.custom)
 }
 
 #: MuJoCo warnings that mean the physics blew up: MuJoCo has already reset that MjData, we reset it properly.
@@ -82,8 +83,9 @@ class _StateSnapshots:
             raise IndexError(f"env index {env_idx} out of range for {env.num_envs} envs")
         if env._snapshot is None:
             env._snapshot = mujoco.MjData(env.model)
-        mujoco.mj_setState(env.model, env._snapshot, env._state[env_idx], _STATE_SPEC)
-        mujoco.mj_forward(env.model, env._snapshot)
+        m = env._models[env_idx]
+        mujoco.mj_setState(m, env._snapshot, env._state[env_idx], _STATE_SPEC)
+        mujoco.mj_forward(m, env._snapshot)
         return env._snapshot
 
 
@@ -91,9 +93,9 @@ class _Worker:
     """State of one worker thread: its env slice and the views it reads and writes. Holds no reference to the env,
     so an env dropped without ``close()`` is still garbage collected (and ``__del__`` stops the threads)."""
 
-    def __init__(self, model, env_idx: range, state: np.ndarray, gathers, warn_buf, frame_skip, need_rne):
-        self.model = model
-        self.data = mujoco.MjData(model)  # every env of the slice is stepped through this one
+    def __init__(self, models, env_idx: range, state: np.ndarray, gathers, warn_buf, frame_skip, need_rne):
+        self.models = [models[i] for i in env_idx]  # the shared MjModel, or each env's own (model_params)
+        self.data = mujoco.MjData(models[0])  # every env of the slice is stepped through this one
         self.env_idx = env_idx
         self.state = state  # [N, nstate] mjSTATE_INTEGRATION rows, ctrl written by send() before the wake-up
         # (batch array [N, ...], view into self.data) for every gathered field
@@ -112,9 +114,9 @@ class _Worker:
         # physics itself a few percent cheaper than stepping a separate MjData per env, which more than pays it.
         # The views are prebuilt, so no MjData attribute lookups happen per step. (One copy of the MjData span that
         # holds all fields instead of one per field was measured slower: 22 KiB per Ant env against 1.3 KiB.)
-        m, d, nstep, rne, spec = self.model, self.data, self.frame_skip, self.need_rne, _STATE_SPEC
+        d, nstep, rne, spec = self.data, self.frame_skip, self.need_rne, _STATE_SPEC
         state, copies, warn_buf, warn_view = self.state, self.copies, self.warn_buf, self.warn_view
-        for i in self.env_idx:
+        for i, m in zip(self.env_idx, self.models, strict=True):
             row = state[i]
             mujoco.mj_setState(m, d, row, spec)
             mujoco.mj_step(m, d, nstep)
@@ -193,6 +195,11 @@ class MujocoEnv(BatchedEnv):
         self.model = model = build_model(self.task, opts)
         self.consts = model_consts(model)
         self.dt = float(model.opt.timestep) * frame_skip
+        from .custom import check_model_params, per_env_models
+
+        params = check_model_params(model, opts["model_params"], num_envs)
+        # One MjModel per env only when randomized (all have the same sizes, so any MjData steps any of them).
+        self._models = per_env_models(model, params, num_envs) if params else [model] * num_envs
         self._data = mujoco.MjData(model)  # resets and set_state happen through this one (caller's thread)
         self._state = np.zeros((num_envs, mujoco.mj_stateSize(model, _STATE_SPEC)))
         self._state_slices = _state_slices(model)
@@ -226,7 +233,7 @@ class MujocoEnv(BatchedEnv):
         bounds = np.linspace(0, num_envs, self.num_threads + 1).round().astype(int)
         for k in range(self.num_threads):
             w = _Worker(
-                model,
+                self._models,
                 range(bounds[k], bounds[k + 1]),
                 self._state,
                 list(self._bufs.items()),
@@ -246,7 +253,7 @@ class MujocoEnv(BatchedEnv):
     def _reset_data(self, i: int, qpos: np.ndarray | None = None, qvel: np.ndarray | None = None) -> None:
         """Reset env i's MjData to ``qpos``/``qvel`` (default: the initial state plus the task's reset noise), like
         gymnasium's ``reset`` (``mj_resetData``, set state, ``mj_forward``), and gather its fields."""
-        m, d = self.model, self._data
+        m, d = self._models[i], self._data
         if qpos is None:
             rng, scale = self._rngs[i], self.opts["reset_noise_scale"]
             qpos = self._init_qpos + rng.uniform(-scale, scale, m.nq)
