@@ -25,6 +25,8 @@ DEVIATIONS = """\
 * Reset noise is drawn from each backend's own generator (numpy PCG64 per env on mujoco, jax.random on mjx), so a
   given seed gives different (equally distributed) initial states on the two backends and gymnasium.
 * A non-finite physics state resets that env and is reported as terminated with info["physics_reset"].
+* mujoco backend: out-of-range actions are clipped to the actuator range before the control cost is computed
+  (gymnasium charges the control cost of the unclipped action; MuJoCo clamps the control either way).
 """
 
 
@@ -129,7 +131,9 @@ def _ant_reward(xp, p: Physics, o, c, action, velocity):
     ctrl = o["ctrl_cost_weight"] * _sum_sq(xp, action, (-1,))
     lo, hi = o["contact_force_range"]
     contact = o["contact_cost_weight"] * _sum_sq(xp, xp.clip(p.cfrc_ext, lo, hi), (-2, -1))
-    return forward + healthy * o["healthy_reward"] - ctrl - contact, healthy
+    # v5 pays the healthy reward only while healthy; Ant-v4 paid it on every step while terminating on unhealthy.
+    paid = (healthy | True) if o["healthy_reward_always"] else healthy
+    return forward + paid * o["healthy_reward"] - ctrl - contact, healthy
 
 
 # ----- HalfCheetah (half_cheetah_v5.py) ----------------------------------------------------------------------
@@ -248,6 +252,7 @@ TASKS: dict[str, TaskDef] = {
             "ctrl_cost_weight": 0.5,
             "contact_cost_weight": 5e-4,
             "healthy_reward": 1.0,
+            "healthy_reward_always": False,  # True: Ant-v4's rule (healthy reward on the terminal step too)
             "main_body": 1,
             "terminate_when_unhealthy": True,
             "healthy_z_range": (0.2, 1.0),
@@ -372,9 +377,13 @@ TASKS: dict[str, TaskDef] = {
     ),
 }
 
-#: Ant with gymnasium Ant-v4's defaults (27-dim observation, no contact cost, healthy reward while terminating):
-#: ``make("ant", n, **ANT_V4_OPTIONS)``. Used to compare with peers that train Ant-v4.
-ANT_V4_OPTIONS: dict[str, Any] = {"include_cfrc_ext_in_observation": False, "contact_cost_weight": 0.0}
+#: Ant with gymnasium Ant-v4's defaults (27-dim observation, no contact cost, the healthy reward paid on the
+#: terminal step too): ``make("ant", n, **ANT_V4_OPTIONS)``. Used to compare with peers that train Ant-v4.
+ANT_V4_OPTIONS: dict[str, Any] = {
+    "include_cfrc_ext_in_observation": False,
+    "contact_cost_weight": 0.0,
+    "healthy_reward_always": True,
+}
 
 
 def register_task(task: TaskDef, overwrite: bool = False) -> TaskDef:
