@@ -14,7 +14,7 @@ import mujoco
 import numpy as np
 
 from .base import EnvError
-from .tasks import ModelConsts, TaskDef
+from .tasks import CONES, INTEGRATORS, ModelConsts, TaskDef
 
 
 def build_model(task: TaskDef, opts: dict[str, Any], xml: str | None = None) -> mujoco.MjModel:
@@ -42,6 +42,10 @@ def build_model(task: TaskDef, opts: dict[str, Any], xml: str | None = None) -> 
         model.opt.iterations = int(opts["solver_iterations"])
     if opts.get("ls_iterations") is not None:
         model.opt.ls_iterations = int(opts["ls_iterations"])
+    if opts.get("cone") is not None:
+        model.opt.cone = getattr(mujoco.mjtCone, CONES[opts["cone"]])
+    if opts.get("integrator") is not None:
+        model.opt.integrator = getattr(mujoco.mjtIntegrator, INTEGRATORS[opts["integrator"]])
     return model
 
 

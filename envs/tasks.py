@@ -93,6 +93,18 @@ COMMON_OPTIONS: dict[str, Any] = {
     "solver_iterations": None,  # None: the model's own (MuJoCo default 100)
     "ls_iterations": None,  # None: the model's own (50)
     "contacts": "all",  # "all": the XML's collision rules; "feet": only feet-floor pairs (fast on MJX)
+    "cone": None,  # None: the model's own friction cone; "pyramidal" or "elliptic" (MJX and C agree closer)
+    "integrator": None,  # None: the model's own (Ant: RK4); "euler", "rk4", "implicit", "implicitfast"
+}
+
+
+#: Accepted values of the ``cone`` and ``integrator`` options, mapped to MuJoCo's enum member names.
+CONES = {"pyramidal": "mjCONE_PYRAMIDAL", "elliptic": "mjCONE_ELLIPTIC"}
+INTEGRATORS = {
+    "euler": "mjINT_EULER",
+    "rk4": "mjINT_RK4",
+    "implicit": "mjINT_IMPLICIT",
+    "implicitfast": "mjINT_IMPLICITFAST",
 }
 
 
@@ -414,10 +426,14 @@ def resolve_options(task: TaskDef, given: dict[str, Any], backend_options: dict[
     opts = {**defaults, **given}
     if opts["frame_skip"] is None:
         opts["frame_skip"] = task.frame_skip
-    if opts["contacts"] not in ("all", "feet"):
-        from .base import EnvError
+    from .base import EnvError
 
+    if opts["contacts"] not in ("all", "feet"):
         raise EnvError(f"contacts must be 'all' or 'feet', got {opts['contacts']!r}")
+    if opts["cone"] not in (None, *CONES):
+        raise EnvError(f"cone must be one of {sorted(CONES)} or None (the model's own), got {opts['cone']!r}")
+    if opts["integrator"] not in (None, *INTEGRATORS):
+        raise EnvError(f"integrator must be one of {sorted(INTEGRATORS)} or None, got {opts['integrator']!r}")
     return opts
 
 

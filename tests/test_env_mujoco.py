@@ -11,6 +11,7 @@ import gc
 import threading
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 import pytest
 import torch
@@ -338,6 +339,17 @@ def test_model_options_reach_the_model():
         env.reset()
         r = env.step(torch.zeros(2, 8))
         assert torch.isfinite(r.obs).all()
+    # gymnasium's ant.xml: pyramidal cone, RK4; the options switch both
+    with make("ant", 1, backend="mujoco", cone="elliptic", integrator="euler") as env:
+        assert env.model.opt.cone == mujoco.mjtCone.mjCONE_ELLIPTIC
+        assert env.model.opt.integrator == mujoco.mjtIntegrator.mjINT_EULER
+    with make("ant", 1, backend="mujoco") as env:
+        assert env.model.opt.cone == mujoco.mjtCone.mjCONE_PYRAMIDAL
+        assert env.model.opt.integrator == mujoco.mjtIntegrator.mjINT_RK4
+    with pytest.raises(EnvError, match="cone must be one of"):
+        make("ant", 1, backend="mujoco", cone="round")
+    with pytest.raises(EnvError, match="integrator must be one of"):
+        make("ant", 1, backend="mujoco", integrator="rk5")
 
 
 @pytest.mark.gpu
