@@ -31,6 +31,7 @@ MJX_OPTIONS: dict[str, Any] = {
     "solver": None,  # None: the model's own, except PGS -> "newton" (MJX has no PGS); or "cg" / "newton"
     "compilation_cache_dir": None,  # a directory: turn on JAX's persistent compilation cache (process-wide)
     "xla_opt_level": None,  # None: XLA's default; 0 compiles ~30% faster on CPU (tests use it)
+    "model_params": None,  # {MjModel field: [num_envs, ...]}: per-env model fields, vmapped (domain randomization)
 }
 
 MJX_DEVIATIONS = """\
@@ -141,6 +142,16 @@ class MjxEnv(BatchedEnv):
             self._mx = self._cast(mjx.put_model(model, device=self.jax_device))
         except NotImplementedError as e:
             raise EnvError(f"task {name!r} uses a MuJoCo feature MJX does not implement: {e}") from e
+        # Domain randomization: the randomized fields get a leading env axis and vmap maps over them (in_axes 0);
+        # every other model field stays shared (in_axes None), so the step program is otherwise unchanged.
+        self._mx_axes = None
+        if opts["model_params"] is not None:
+            from .custom import check_model_params
+
+            params = check_model_params(model, opts["model_params"], self.num_envs)
+            batched = {k: jax.device_put(jnp.asarray(v, self.dtype), self.jax_device) for k, v in params.items()}
+            self._mx = self._mx.tree_replace(batched)
+            self._mx_axes = jax.tree_util.tree_map(lambda _: None, self._mx).tree_replace({k: 0 for k in batched})
         self._body_mass = np.asarray(self.consts.body_mass)
         self._seed = int(seed)
         self._state: EnvState | None = None
@@ -196,6 +207,7 @@ class MjxEnv(BatchedEnv):
         zero_cfrc = jnp.zeros((self.consts.nbody, 6), dtype)
         skip_idle_reset = self.jax_device.platform == "cpu"
         kinematics_only = set(fields) <= {"qpos", "qvel", "xpos", "xipos", "cfrc_ext"}
+        mx_axes = self._mx_axes  # None: one model shared by every env
 
         def reset_one(mx: Any, key: jax.Array) -> tuple[Any, jax.Array]:
             # Gymnasium: qpos = init_qpos + U(-s, s); qvel = init_qvel + s*N(0,1) (ant, cheetah) or U(-s, s).
@@ -242,13 +254,13 @@ class MjxEnv(BatchedEnv):
 
         def reset_all(mx: Any, keys: jax.Array) -> tuple[EnvState, jax.Array]:
             keys, sub = _split_keys(keys)
-            data, obs = jax.vmap(reset_one, in_axes=(None, 0))(mx, sub)
+            data, obs = jax.vmap(reset_one, in_axes=(mx_axes, 0))(mx, sub)
             n = keys.shape[0]
             state = EnvState(data, keys, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32))
             return state, obs
 
         def step_all(state: EnvState, mx: Any, actions: jax.Array) -> tuple[EnvState, StepOut]:
-            data, obs, reward, terminated, finite = jax.vmap(step_one, in_axes=(None, 0, 0))(mx, state.data, actions)
+            data, obs, reward, terminated, finite = jax.vmap(step_one, in_axes=(mx_axes, 0, 0))(mx, state.data, actions)
             bad = ~finite
             reward = jnp.where(bad, 0.0, reward)
             obs = jnp.where(bad[:, None], 0.0, obs)  # observations never carry NaN; final_obs row is zeros
@@ -260,7 +272,7 @@ class MjxEnv(BatchedEnv):
             keys, sub = _split_keys(state.keys)
 
             def with_reset(_: None) -> tuple[Any, jax.Array]:
-                fresh, fresh_obs = jax.vmap(reset_one, in_axes=(None, 0))(mx, sub)
+                fresh, fresh_obs = jax.vmap(reset_one, in_axes=(mx_axes, 0))(mx, sub)
                 return where_rows(done, fresh, data), jnp.where(done[:, None], fresh_obs, obs)
 
             if skip_idle_reset:
