@@ -9,6 +9,8 @@ single-env views (which themselves pass ``check_env``), value for value, on a de
 
 from __future__ import annotations
 
+import os
+import re
 import warnings
 
 import gymnasium as gym
@@ -263,3 +265,36 @@ def test_vectask_clips_actions_to_box():
     torch.testing.assert_close(rew, twin.step(torch.ones(2, 2)).reward)
     with pytest.raises(EnvError, match="flat continuous"):
         VecTaskEnv(make("toy", 2, kind="discrete"))
+
+
+# ----- docs/wrappers.md ----------------------------------------------------------------------------------------
+DOC = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "wrappers.md")
+
+
+def _doc_blocks() -> list[str]:
+    with open(DOC) as f:
+        return re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+
+
+def _run_doc_blocks(include_mjx: bool) -> int:
+    namespace: dict = {"__name__": "docs_wrappers"}
+    ran = 0
+    for block in _doc_blocks():
+        if block.startswith("# needs: mjx") and not include_mjx:
+            continue
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*infinity.*")
+            exec(compile(block, DOC, "exec"), namespace)  # blocks share one namespace, in page order
+        ran += 1
+    return ran
+
+
+@pytest.mark.timeout(120)
+def test_docs_examples_run():
+    assert _run_doc_blocks(include_mjx=False) == 6
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_docs_examples_run_mjx():
+    assert _run_doc_blocks(include_mjx=True) == 7
