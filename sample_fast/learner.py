@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -94,6 +95,22 @@ class LearnerConfig:
     bf16: bool = True
     #: Seed of the learner's minibatch-shuffling generator.
     seed: int = 0
+    #: Prioritized trajectory replay (sample_fast.replay, docs/replay.md): replayed env columns per fresh batch as a
+    #: fraction of its B columns, drawn as [T, replay_segment_envs] segments by priority; 0 = off (the default).
+    replay_ratio: float = 0.0
+    #: Replay memory size in segments (FIFO eviction); live segments <= replay_max_age * B / replay_segment_envs.
+    replay_capacity: int = 128
+    #: Env columns per replayed segment (must divide the batch's B); each segment keeps all T steps.
+    replay_segment_envs: int = 8
+    #: Priority exponent alpha (0 = uniform) and initial IS exponent beta (annealed to 1, Schaul et al. 2016).
+    replay_alpha: float = 0.6
+    replay_beta: float = 0.4
+    #: Fresh env steps over which beta reaches 1; None = total_env_steps.
+    replay_beta_steps: int | None = None
+    #: Replayed samples older than this many policy versions are masked (replay ignores max_policy_lag).
+    replay_max_age: int = 32
+    #: Segment priority: "pg_advantage" (mean |A|) or "value_error" (mean |vs - V|).
+    replay_priority: str = "pg_advantage"
 
     def validate(self) -> None:
         """Raise ``LearnerConfigError`` naming the fix for any inconsistent setting."""
@@ -120,6 +137,10 @@ class LearnerConfig:
             raise LearnerConfigError(f"need 0 < lr_min <= lr_max, got lr_min={self.lr_min}, lr_max={self.lr_max}")
         if self.max_policy_lag is not None and self.max_policy_lag < 0:
             raise LearnerConfigError(f"max_policy_lag must be >= 0 or None, got {self.max_policy_lag}")
+        if self.replay_ratio:  # only a run with replay imports it (and torchrl)
+            from sample_fast.replay import ReplayConfig
+
+            ReplayConfig.from_learner_config(self)
 
 
 class Targets(NamedTuple):
@@ -297,6 +318,12 @@ class Learner:
         self._good_updates = 0
         self._good_state: dict[str, Any] = {}
         self._snapshot_good_state()
+        #: Prioritized trajectory replay (None when replay_ratio == 0). Its memory is not checkpointed (docs/replay.md).
+        self.replay = None
+        if cfg.replay_ratio:
+            from sample_fast.replay import ReplayConfig, TrajectoryReplay
+
+            self.replay = TrajectoryReplay(ReplayConfig.from_learner_config(cfg), self.device, seed=cfg.seed)
 
     def _vtrace_fn(self) -> VTraceFn:
         if self.vtrace_fn is None:
@@ -377,7 +404,7 @@ class Learner:
         obs, actions, rewards = data["obs"], data["actions"], data["rewards"]
         terminated, truncated = data["terminated"], data["truncated"]
         num_steps, num_envs = rewards.shape
-        flat = num_steps * num_envs
+        fresh = data  # the fresh columns, raw: what the replay memory keeps after this call
 
         # 1. Observation statistics first, so targets and loss below see one consistent normaliser (the change
         #    relative to the behaviour policy's statistics is corrected by V-trace's importance ratios).
@@ -390,7 +417,27 @@ class Learner:
         # 3. Policy-lag mask.
         mask = None
         if cfg.max_policy_lag is not None and "policy_version" in data:
-            mask = ((self.policy_version - data["policy_version"]) <= cfg.max_policy_lag).reshape(flat)
+            mask = (self.policy_version - data["policy_version"]) <= cfg.max_policy_lag
+        # 3b. Prioritized replay: replayed [T, b] segments join as extra env columns with IS weights and their own
+        #     age limit (sample_fast.replay, docs/replay.md).
+        weights_f, replayed = None, None
+        if self.replay is not None:
+            replayed = self.replay.sample(
+                self.replay.num_segments_for(num_envs), self.policy_version,
+                self.replay.beta(self.env_steps, self.total_env_steps),
+            )  # fmt: skip
+        if replayed is not None:
+            from sample_fast.replay import frozen_reward_scale
+
+            scale = None
+            if cfg.scale_rewards:
+                scale = functools.partial(frozen_reward_scale, scaler=self.reward_scaler, clip=cfg.reward_clip)
+            data, rewards, mask, weights = self.replay.join(data, rewards, mask, replayed, self.policy_version, scale)
+            obs, actions, terminated, truncated = data["obs"], data["actions"], data["terminated"], data["truncated"]
+            weights_f = weights.reshape(-1)
+        flat = rewards.numel()
+        if mask is not None:
+            mask = mask.reshape(flat)
             # SYNC: an all-stale batch must not reach Adam (zero gradients would still move it through momentum).
             num_epochs = cfg.num_epochs if bool(mask.any()) else 0
         else:
@@ -422,25 +469,32 @@ class Learner:
             perm = torch.randperm(flat, generator=self.generator).to(self.device, non_blocking=True)
             for idx in perm.chunk(cfg.num_minibatches):
                 mb_mask = mask[idx] if mask is not None else None
+                mb_weights = weights_f[idx] if weights_f is not None else None
                 status = self._update(obs_f[idx], act_f[idx], blogp_f[idx], adv_f[idx], vs_f[idx], old_v_f[idx],
-                                      mb_mask, sums)  # fmt: skip
+                                      mb_mask, sums, mb_weights)  # fmt: skip
                 if status == "rollback":
                     rolled_back = True
                     break
             if rolled_back:
                 break
 
-        self.env_steps += flat
+        version_before = self.policy_version
+        self.env_steps += num_steps * num_envs  # fresh steps only: replayed ones were counted when they were fresh
         num_updates = self.num_updates - updates_before
         if num_updates > 0 or rolled_back:
             self.policy_version += 1
         metrics = {k: torch.stack(v).mean() for k, v in sums.items()}
         assert first_targets is not None
-        pg_adv = first_targets.pg_advantages.reshape(flat)
+        if self.replay is not None:
+            metrics.update(self._replay_after_train(fresh, targets, replayed, mask, num_envs, version_before))
+            # The metrics below describe the fresh columns only, as with replay off.
+            first_targets = Targets(*(x[:, :num_envs] for x in first_targets))
+            mask = mask.reshape(num_steps, -1)[:, :num_envs].reshape(-1) if mask is not None else None
+        pg_adv = first_targets.pg_advantages.reshape(-1)
         metrics["adv_mean"] = masked_mean(pg_adv, mask)
         metrics["adv_std"] = masked_mean((pg_adv - metrics["adv_mean"]).square(), mask).sqrt()
         metrics["explained_variance"] = explained_variance(
-            first_targets.values.reshape(flat), first_targets.value_targets.reshape(flat), mask
+            first_targets.values.reshape(-1), first_targets.value_targets.reshape(-1), mask
         )
         metrics["masked_frac"] = 1.0 - mask.float().mean() if mask is not None else torch.zeros(())
         out = {k: float(v) for k, v in metrics.items()}  # SYNC: metrics read back once per train call
@@ -454,20 +508,58 @@ class Learner:
             out.setdefault(key, float("nan"))  # no good update in this call
         return out
 
+    def _replay_after_train(
+        self, fresh: dict[str, Tensor], targets: Targets, replayed: Any, mask: Tensor | None, num_envs: int,
+        version: int,
+    ) -> dict[str, Tensor]:  # fmt: skip
+        """Priorities from the last targets of this call: update the replayed segments', then store the fresh
+        columns as new segments (after the update: storing may evict the replayed ones). Returns replay metrics."""
+        from sample_fast.replay import segment_priorities
+
+        replay = self.replay
+        b = replay.cfg.segment_envs
+        priorities = segment_priorities(
+            targets.pg_advantages, targets.value_targets, targets.values, b, replay.cfg.priority
+        )
+        num_fresh_segments = num_envs // b
+        out: dict[str, Tensor] = {"replay_segments": torch.zeros(()), "replay_weight_mean": torch.ones(()),
+                                  "replay_masked_frac": torch.zeros(())}  # fmt: skip
+        if replayed is not None:
+            replay.update_priorities(replayed.index, priorities[num_fresh_segments:])
+            out["replay_segments"] = torch.tensor(float(replayed.index.numel()))
+            out["replay_weight_mean"] = replayed.weights.mean()
+            if mask is not None:
+                out["replay_masked_frac"] = 1.0 - mask.reshape(targets.values.shape[0], -1)[:, num_envs:].float().mean()
+        replay.add(fresh, priorities[:num_fresh_segments], policy_version=version)
+        out["replay_size"] = torch.tensor(float(len(replay)))
+        out["replay_beta"] = torch.tensor(replay.beta(self.env_steps, self.total_env_steps))
+        return out
+
     def _update(
         self, obs: Tensor, actions: Tensor, behavior_logp: Tensor, advantages: Tensor, value_targets: Tensor,
-        old_values: Tensor, mask: Tensor | None, sums: dict[str, list[Tensor]],
+        old_values: Tensor, mask: Tensor | None, sums: dict[str, list[Tensor]], weights: Tensor | None = None,
     ) -> str:  # fmt: skip
-        """One minibatch step. Returns "ok", "skipped" (non-finite) or "rollback"."""
+        """One minibatch step. ``weights`` ``[N]``: per-sample loss weights (replay's IS weights; None = all 1).
+        Returns "ok", "skipped" (non-finite) or "rollback"."""
         cfg = self.cfg
         with self._autocast():
             target_logp, entropy, values = self.policy.evaluate(obs, actions)
-        policy_loss, clip_frac, _ = ppo_clip_loss(
-            target_logp, behavior_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip
-        )
-        v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask)
-        mean_entropy = masked_mean(entropy, mask)
-        kl = approx_kl(target_logp, behavior_logp, mask)
+        if weights is None:
+            policy_loss, clip_frac, _ = ppo_clip_loss(
+                target_logp, behavior_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip
+            )
+            v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask)
+            mean_entropy = masked_mean(entropy, mask)
+            kl = approx_kl(target_logp, behavior_logp, mask)
+        else:  # a batch with replayed segments: the same terms, each sample weighted (sample_fast.replay)
+            from sample_fast import replay as rp
+
+            policy_loss, clip_frac = rp.weighted_ppo_clip_loss(
+                target_logp, behavior_logp, advantages, cfg.clip_eps, weights, mask, dual_clip=cfg.dual_clip
+            )
+            v_loss = rp.weighted_value_loss(values, value_targets, weights, old_values, cfg.value_clip, mask)
+            mean_entropy = rp.weighted_mean(entropy, weights, mask)
+            kl = rp.weighted_approx_kl(target_logp, behavior_logp, weights, mask)
         loss = policy_loss + cfg.value_coef * v_loss - cfg.entropy_coef * mean_entropy
         if cfg.kl_coef:
             loss = loss + cfg.kl_coef * kl

@@ -178,3 +178,123 @@ def test_weighted_losses_equal_unweighted_at_unit_weight_and_scale_per_sample():
     (ref_grad,) = torch.autograd.grad(losses.ppo_clip_loss(target_logp, behavior_logp, adv, 0.2)[0], target_logp)
     assert torch.all(grad[n // 2 :] == 0)
     torch.testing.assert_close(grad[: n // 2], ref_grad[: n // 2])
+
+
+# ----- the learner with replay on ---------------------------------------------------------------------------------
+def learner_batch(policy, num_steps: int = 8, num_envs: int = 8, seed: int = 0, version: int = 0):
+    """An on-policy [T, B] batch of a 3-dim obs / 2-dim action policy, with a few episode ends."""
+    from tensordict import TensorDict
+
+    gen = torch.Generator().manual_seed(seed)
+    obs = torch.randn(num_steps, num_envs, 3, generator=gen)
+    next_obs = torch.cat([obs[1:], torch.randn(1, num_envs, 3, generator=gen)])
+    torch.manual_seed(seed)
+    actions, behavior_logp, values = policy.act(obs.reshape(-1, 3))
+    terminated = torch.zeros(num_steps, num_envs, dtype=torch.bool)
+    truncated = torch.zeros(num_steps, num_envs, dtype=torch.bool)
+    terminated[2, 0] = truncated[3, 2] = True
+    return TensorDict(
+        {
+            "obs": obs, "actions": actions.reshape(num_steps, num_envs, 2),
+            "behavior_logp": behavior_logp.reshape(num_steps, num_envs), "values": values.reshape(num_steps, num_envs),
+            "rewards": torch.randn(num_steps, num_envs, generator=gen), "terminated": terminated,
+            "truncated": truncated, "next_obs": next_obs,
+            "policy_version": torch.full((num_steps, num_envs), version, dtype=torch.int64),
+        },
+        batch_size=[num_steps, num_envs],
+    )  # fmt: skip
+
+
+def small_policy(seed: int = 0):
+    from sample_fast.envs import Spec
+
+    from sample_fast.policy import ActorCritic, PolicyConfig
+
+    torch.manual_seed(seed)
+    obs_spec = Spec(shape=(3,), dtype=torch.float32)
+    act_spec = Spec(shape=(2,), dtype=torch.float32, low=-torch.ones(2), high=torch.ones(2))
+    return ActorCritic(obs_spec, act_spec, PolicyConfig(hidden_sizes=[32, 32]))
+
+
+@pytest.fixture
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls on 2 threads shared with other processes are slower than on one
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.timeout(60)
+def test_learner_replay_off_by_default_and_validated():
+    from sample_fast.learner import Learner, LearnerConfig, LearnerConfigError
+
+    assert Learner(small_policy(), LearnerConfig()).replay is None
+    with pytest.raises((LearnerConfigError, ReplayConfigError), match="replay_alpha"):
+        LearnerConfig(replay_ratio=0.5, replay_alpha=-1.0).validate()
+
+
+@pytest.mark.timeout(60)
+def test_learner_step_with_replay_trains_on_replayed_segments(one_thread):
+    from sample_fast.learner import Learner, LearnerConfig
+
+    policy = small_policy()
+    cfg = LearnerConfig(replay_ratio=0.5, replay_segment_envs=2, replay_capacity=8, num_minibatches=2)
+    learner = Learner(policy, cfg)
+    first = learner.train(learner_batch(policy, seed=0, version=0))
+    assert first["replay_segments"] == 0 and first["replay_size"] == 4  # empty memory; B = 8 -> 4 segments stored
+    second = learner.train(learner_batch(policy, seed=1, version=1))
+    assert second["replay_segments"] == 2  # 0.5 * 8 columns / 2 per segment
+    assert second["replay_size"] == 8
+    assert 0.0 < second["replay_weight_mean"] <= 1.0
+    assert learner.env_steps == 2 * 8 * 8  # fresh steps only
+    assert all(math.isfinite(v) for v in second.values())
+    # The replayed segments' priorities were updated from this call's targets (not left at their insert values).
+    before = learner.replay.sampler.priority.clone()
+    learner.train(learner_batch(policy, seed=2, version=2))
+    assert not torch.equal(before, learner.replay.sampler.priority)
+
+
+@pytest.mark.timeout(60)
+def test_zero_weight_replayed_segment_contributes_no_gradient(one_thread):
+    # Two learners with identical weights train on the same fresh batch, each with a DIFFERENT replayed segment.
+    # With the IS weights forced to 0 the replayed data must not change the update; with weights 1 it must.
+    import copy
+
+    from sample_fast.learner import Learner, LearnerConfig
+
+    def run(replay_seed: int, weight: float) -> list[torch.Tensor]:
+        policy = small_policy(seed=0)
+        cfg = LearnerConfig(replay_ratio=0.25, replay_segment_envs=2, num_epochs=1, num_minibatches=1,
+                            normalize_advantages=False, scale_rewards=False)  # fmt: skip
+        learner = Learner(policy, cfg)
+        learner.replay.add(learner_batch(copy.deepcopy(policy), seed=replay_seed))
+        draw = learner.replay.sample
+        learner.replay.sample = lambda *a: draw(*a)._replace(weights=torch.full((8, 2), weight))
+        metrics = learner.train(learner_batch(policy, seed=0))
+        assert metrics["replay_segments"] == 1
+        return [p.detach().clone() for p in policy.parameters()]
+
+    zero_a, zero_b = run(10, 0.0), run(11, 0.0)
+    for a, b in zip(zero_a, zero_b, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    one_a, one_b = run(10, 1.0), run(11, 1.0)
+    assert any(not torch.equal(a, b) for a, b in zip(one_a, one_b, strict=True))
+
+
+@pytest.mark.timeout(60)
+def test_replay_age_limit_replaces_policy_lag_mask(one_thread):
+    from sample_fast.learner import Learner, LearnerConfig
+
+    def replay_metrics(max_age: int) -> dict[str, float]:
+        policy = small_policy()
+        cfg = LearnerConfig(replay_ratio=0.5, replay_segment_envs=2, max_policy_lag=0, replay_max_age=max_age)
+        learner = Learner(policy, cfg)
+        learner.replay.add(learner_batch(policy, seed=3, version=0))
+        learner.policy_version = 50  # the stored segments are 50 versions old
+        return learner.train(learner_batch(policy, seed=4, version=50))
+
+    kept = replay_metrics(max_age=100)
+    assert kept["replay_segments"] == 2 and kept["replay_masked_frac"] == 0.0  # max_policy_lag=0 does not drop them
+    assert kept["masked_frac"] == 0.0  # fresh columns are on-policy
+    dropped = replay_metrics(max_age=10)
+    assert dropped["replay_segments"] == 0  # too old: not sampled at all
