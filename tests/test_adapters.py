@@ -19,7 +19,7 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from sample_fast.envs import EnvError, make
+from sample_fast.envs import TASKS, EnvError, make
 from sample_fast.envs.adapters import GymnasiumSingleEnv, GymnasiumVectorEnv, TorchRLEnv, VecTaskEnv
 from sample_fast.envs.custom import register_robot
 
@@ -69,7 +69,8 @@ def arm_name():
         check_jax=False,
         overwrite=True,
     )
-    return "adapter_arm"
+    yield "adapter_arm"
+    TASKS.pop("adapter_arm", None)  # tests elsewhere walk TASKS (the built-in tasks) at run time
 
 
 # ----- gymnasium ----------------------------------------------------------------------------------------------
@@ -279,13 +280,16 @@ def _doc_blocks() -> list[str]:
 def _run_doc_blocks(include_mjx: bool) -> int:
     namespace: dict = {"__name__": "docs_wrappers"}
     ran = 0
-    for block in _doc_blocks():
-        if block.startswith("# needs: mjx") and not include_mjx:
-            continue
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*infinity.*")
-            exec(compile(block, DOC, "exec"), namespace)  # blocks share one namespace, in page order
-        ran += 1
+    try:
+        for block in _doc_blocks():
+            if block.startswith("# needs: mjx") and not include_mjx:
+                continue
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*infinity.*")
+                exec(compile(block, DOC, "exec"), namespace)  # blocks share one namespace, in page order
+            ran += 1
+    finally:
+        TASKS.pop("doc_arm", None)  # registered by the page's example
     return ran
 
 

@@ -63,7 +63,8 @@ class ReachTask:
 @pytest.fixture(scope="module")
 def arm():
     register_robot("test_arm", ARM_XML, task=ReachTask(), frame_skip=2, max_episode_steps=100, overwrite=True)
-    return "test_arm"
+    yield "test_arm"
+    TASKS.pop("test_arm", None)  # tests elsewhere walk TASKS (the built-in tasks) at run time
 
 
 def _params() -> dict[str, np.ndarray]:
