@@ -20,7 +20,14 @@ import numpy as np
 from .base import EnvError
 from .tasks import TASKS, Physics, TaskDef, register_task
 
-__all__ = ["register_robot", "load_mjcf", "randomize_model_params", "RANDOMIZABLE_FIELDS"]
+__all__ = [
+    "register_robot",
+    "load_mjcf",
+    "randomize_model_params",
+    "check_model_params",
+    "per_env_models",
+    "RANDOMIZABLE_FIELDS",
+]
 
 #: ``Physics`` fields a task can read (``fields=`` picks the ones gathered each step; more fields cost time).
 PHYSICS_FIELDS = ("qpos", "qvel", "cfrc_ext", "cinert", "cvel", "qfrc_actuator", "xpos", "xipos")
