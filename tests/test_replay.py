@@ -298,3 +298,39 @@ def test_replay_age_limit_replaces_policy_lag_mask(one_thread):
     assert kept["masked_frac"] == 0.0  # fresh columns are on-policy
     dropped = replay_metrics(max_age=10)
     assert dropped["replay_segments"] == 0  # too old: not sampled at all
+
+
+def toy_policy():
+    """A small ActorCritic for the toy env (module level: the async sampler process builds it too)."""
+    from sample_fast.envs import make
+
+    from sample_fast.policy import ActorCritic, PolicyConfig
+
+    env = make("toy", 1)
+    return ActorCritic(env.observation_spec, env.action_spec, PolicyConfig(hidden_sizes=[16, 16]))
+
+
+def replay_learner(policy):
+    from sample_fast.learner import Learner, LearnerConfig
+
+    return Learner(policy, LearnerConfig(replay_ratio=0.5, replay_segment_envs=2, replay_capacity=16))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["serial", "async"])
+def test_runner_trains_with_replay_in_both_modes(mode, one_thread):
+    import functools
+
+    from sample_fast.envs import make
+
+    from sample_fast.runner import Runner
+    from sample_fast.sampler import SamplerConfig
+
+    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0, poll_s=0.05, shutdown_timeout_s=5.0)
+    runner = Runner(functools.partial(make, "toy", 16), toy_policy, replay_learner, cfg, mode=mode)
+    summary = runner.run(total_env_steps=8 * 8 * 12)
+    replay = runner.learner.replay
+    assert summary["env_steps"] >= 8 * 8 * 12
+    assert len(replay) == 16  # B = 8 columns -> 4 segments per call; full after 4 calls
+    assert replay.num_sampled >= 2 * 8  # 0.5 * 8 / 2 = 2 segments per call from the second call on
+    assert runner.learner.env_steps == summary["env_steps"]  # replayed steps are not counted as env steps
