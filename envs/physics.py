@@ -20,10 +20,11 @@ from .tasks import CONES, INTEGRATORS, ModelConsts, TaskDef
 def build_model(task: TaskDef, opts: dict[str, Any], xml: str | None = None) -> mujoco.MjModel:
     """Compile the task's model with ``opts`` applied. ``xml`` (MJCF text) overrides the task's own XML."""
     xml = xml if xml is not None else task.xml_string
+    source = "MJCF string" if xml is not None else task.xml_path
     try:
         spec = mujoco.MjSpec.from_string(xml) if xml is not None else mujoco.MjSpec.from_file(task.xml_path)
     except Exception as e:  # MuJoCo's parser error names line and element
-        raise EnvError(f"could not load MJCF for task {task.name!r} ({xml and 'string' or task.xml_path}): {e}") from e
+        raise EnvError(f"could not load MJCF for task {task.name!r} ({source}): {e}") from e
     if opts.get("contacts", "all") == "feet":
         floor = "floor"
         names = {g.name for g in spec.geoms}
@@ -35,9 +36,12 @@ def build_model(task: TaskDef, opts: dict[str, Any], xml: str | None = None) -> 
             g.conaffinity = 0
         for foot in task.feet:
             spec.add_pair(geomname1=floor, geomname2=foot)
-    with warnings.catch_warnings():  # humanoid.xml uses the deprecated settotalmass; harmless here
-        warnings.simplefilter("ignore", UserWarning)
-        model = spec.compile()
+    try:
+        with warnings.catch_warnings():  # humanoid.xml uses the deprecated settotalmass; harmless here
+            warnings.simplefilter("ignore", UserWarning)
+            model = spec.compile()  # meshes and textures are read here, so a missing asset fails here
+    except Exception as e:
+        raise EnvError(f"could not compile MJCF for task {task.name!r} ({source}): {e}") from e
     if opts.get("solver_iterations") is not None:
         model.opt.iterations = int(opts["solver_iterations"])
     if opts.get("ls_iterations") is not None:
