@@ -193,11 +193,19 @@ def curves(args: argparse.Namespace) -> dict:
             runs[(env, float(ratio))][int(seed)] = rows
     summary = []
     flat_rows = []
+    # Equal-env-steps comparison: each env's shortest run sets the mark every run of that env is read at.
+    mark = {}
+    for (env, _), by_seed in runs.items():
+        shortest = min(rows[-1]["env_steps"] for rows in by_seed.values())
+        mark[env] = min(mark.get(env, math.inf), shortest)
     for (env, ratio), by_seed in sorted(runs.items()):
-        finals, steps, walls, fps = [], [], [], []
+        finals, steps, walls, fps, at_mark = [], [], [], [], []
         for seed, rows in sorted(by_seed.items()):
             returns = [r["episode_return_mean"] for r in rows if not math.isnan(r["episode_return_mean"])]
             finals.append(returns[-1] if returns else math.nan)
+            upto = [r["episode_return_mean"] for r in rows
+                    if r["env_steps"] <= mark[env] and not math.isnan(r["episode_return_mean"])]  # fmt: skip
+            at_mark.append(upto[-1] if upto else math.nan)
             steps.append(rows[-1]["env_steps"])
             walls.append(rows[-1]["wall_s"])
             fps.append(rows[-1]["env_steps"] / max(rows[-1]["wall_s"], 1e-9))
@@ -210,6 +218,8 @@ def curves(args: argparse.Namespace) -> dict:
         summary.append({
             "env": env, "replay_ratio": ratio, "seeds": sorted(by_seed), "final_return_per_seed": finals,
             "final_return_median": statistics.median(valid) if valid else math.nan,
+            "equal_steps_mark": mark[env], "return_at_mark_per_seed": at_mark,
+            "return_at_mark_median": statistics.median([x for x in at_mark if not math.isnan(x)] or [math.nan]),
             "env_steps_median": statistics.median(steps), "wall_s_median": statistics.median(walls),
             "env_steps_per_s_median": statistics.median(fps),
         })  # fmt: skip
@@ -221,12 +231,15 @@ def curves(args: argparse.Namespace) -> dict:
         writer.writeheader()
         writer.writerows(flat_rows)
     lines = ["# Learning with prioritized replay (CPU, shared 2-core machine)", "", args.note, "",
-             "| env | replay_ratio | seeds | final return per seed | median | env steps (median) | wall s | steps/s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+             "| env | replay_ratio | seeds | return at end (equal wall time), per seed | median | "
+             "return at equal env steps (mark), per seed | median | env steps (median) | wall s | steps/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for s in summary:
         per_seed = ", ".join(f"{x:.0f}" for x in s["final_return_per_seed"])
+        at_mark = ", ".join(f"{x:.0f}" for x in s["return_at_mark_per_seed"])
         lines.append(f"| {s['env']} | {s['replay_ratio']} | {len(s['seeds'])} | {per_seed} | "
-                     f"{s['final_return_median']:.0f} | {s['env_steps_median']:.0f} | {s['wall_s_median']:.0f} | "
+                     f"{s['final_return_median']:.0f} | ({s['equal_steps_mark'] / 1e3:.0f}k) {at_mark} | "
+                     f"{s['return_at_mark_median']:.0f} | {s['env_steps_median']:.0f} | {s['wall_s_median']:.0f} | "
                      f"{s['env_steps_per_s_median']:.0f} |")  # fmt: skip
     (RESULTS / "replay_curves.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
