@@ -317,6 +317,15 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
             f"(sampler.rollout_len={sampler.rollout_len} x env.num_envs/sampler.num_splits="
             f"{env.num_envs // sampler.num_splits}); try learner.num_minibatches={near}"
         )
+    columns = env.num_envs // sampler.num_splits
+    if learner.replay_ratio and learner.replay_segment_envs > 0 and columns % learner.replay_segment_envs:
+        # Replayed segments are [T, replay_segment_envs] column chunks of a batch (sample_fast.replay).
+        near = min((d for d in range(1, columns + 1) if columns % d == 0),
+                   key=lambda d: abs(d - learner.replay_segment_envs))  # fmt: skip
+        raise ConfigError(
+            f"learner.replay_segment_envs={learner.replay_segment_envs} must divide the batch's {columns} env "
+            f"columns (env.num_envs/sampler.num_splits); try learner.replay_segment_envs={near}"
+        )
     learner.seed = run.seed  # run.seed seeds everything
     for section in ("policy", "learner", "sampler"):
         validate = getattr(getattr(cfg, section), "validate", None)

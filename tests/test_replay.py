@@ -334,3 +334,18 @@ def test_runner_trains_with_replay_in_both_modes(mode, one_thread):
     assert len(replay) == 16  # B = 8 columns -> 4 segments per call; full after 4 calls
     assert replay.num_sampled >= 2 * 8  # 0.5 * 8 / 2 = 2 segments per call from the second call on
     assert runner.learner.env_steps == summary["env_steps"]  # replayed steps are not counted as env steps
+
+
+@pytest.mark.timeout(60)
+def test_train_config_rejects_segment_width_that_does_not_divide_the_batch():
+    from hydra import compose, initialize_config_module
+
+    from sample_fast.config import ConfigError, resolve, to_train_config
+
+    overrides = ["env=halfcheetah", "env.num_envs=64", "learner.replay_ratio=0.5"]  # B = 64 / 2 splits = 32
+    with initialize_config_module(config_module="sample_fast.configs", version_base=None):
+        good = compose("train", overrides=[*overrides, "learner.replay_segment_envs=8"])
+        bad = compose("train", overrides=[*overrides, "learner.replay_segment_envs=7"])
+    assert resolve(to_train_config(good)).learner.replay_segment_envs == 8
+    with pytest.raises(ConfigError, match="try learner.replay_segment_envs=8"):
+        resolve(to_train_config(bad))
