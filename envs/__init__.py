@@ -5,8 +5,10 @@
         obs, info = env.reset()
         obs, reward, terminated, truncated, info = env.step(actions)
 
-Names: the MuJoCo tasks in ``TASKS`` (``ant``, ``halfcheetah``, ``hopper``, ``walker2d``, ``humanoid``), ``toy``,
-and ``gymnasium:<registered id>`` for any gymnasium env. The episode convention is in ``sample_fast.envs.base``.
+Names: the MuJoCo tasks in ``TASKS`` (``ant``, ``halfcheetah``, ``hopper``, ``walker2d``, ``humanoid``, and robots
+added with ``sample_fast.envs.custom.register_robot``), ``toy``, and ``gymnasium:<registered id>`` for any gymnasium
+env. The episode convention is in ``sample_fast.envs.base``; ``sample_fast.envs.adapters`` wraps any BatchedEnv as a
+gymnasium VectorEnv, a TorchRL EnvBase or an Isaac-style VecTask.
 Backends import lazily, so ``import sample_fast.envs`` never pulls in JAX or EnvPool.
 """
 
