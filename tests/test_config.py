@@ -25,6 +25,18 @@ CONFIG_DIR = Path(sample_fast.configs.__file__).parent
 GROUPS = ("env", "algo", "sampler", "logging")
 ENV_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
 PYTHON = sys.executable
+PRESET_TASK = {"ant_v4": "ant"}  # presets whose name is not their task's
+
+
+def test_ant_v4_preset_is_ant_with_the_v4_options():
+    from sample_fast.envs.tasks import ANT_V4_OPTIONS
+
+    cfg = resolve(_compose("env=ant_v4"), num_cores=2, cuda=False)
+    assert cfg.env.name == "ant" and cfg.env.options == ANT_V4_OPTIONS
+    from sample_fast.envs import make
+
+    with make("ant", 2, backend=cfg.env.backend, **cfg.env.options) as env:
+        assert tuple(env.observation_spec.shape) == (27,)  # Ant-v4: no contact forces in the observation
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -42,7 +54,8 @@ def _options(group: str) -> list[str]:
 
 
 def test_presets_are_the_issue_list():
-    assert set(ENV_PRESETS) == {"ant", "halfcheetah", "hopper", "walker2d", "humanoid", "toy"}
+    # the issue's presets, plus ant_v4 (Ant with gymnasium Ant-v4 semantics, for comparisons with peers)
+    assert set(ENV_PRESETS) == {"ant", "halfcheetah", "hopper", "walker2d", "humanoid", "toy", "ant_v4"}
     for group in GROUPS:
         assert _options(group), f"config group {group} is empty"
 
@@ -53,7 +66,7 @@ def test_every_group_option_composes_and_resolves(env):
         for option in _options(group):
             cfg = resolve(_compose(f"env={env}", f"{group}={option}"), num_cores=2, cuda=False)
             assert isinstance(cfg, TrainConfig)
-            assert cfg.env.name == env
+            assert cfg.env.name == PRESET_TASK.get(env, env)
             assert cfg.env.num_envs % cfg.sampler.num_splits == 0
             assert batch_size(cfg) % cfg.learner.num_minibatches == 0
 
