@@ -1,0 +1,841 @@
+"""The Ant-v4 learning race: wall-clock seconds to a mean return of 3000, sample_fast against Sample Factory.
+
+    .venv/bin/python benchmarks/race_ant_v4.py --seeds 0 1 2 --threshold 3000 --timeout-s 900 \
+        --out benchmarks/results/race_ant_v4 [--only sf|ours] [--ours-overrides "k=v k=v ..."]
+
+Runs the two trainers one after the other, interleaved by seed (SF 0, ours 0, SF 1, ours 1, ...) so that machine
+drift hits both alike, each as its own process group on the same task semantics (gymnasium Ant-v4: 27-dim
+observation, no contact cost): Sample Factory 2.1.1's mujoco example in ``.venv-sf``, and
+``python -m sample_fast.train env=ant_v4``. It reads each one's reports live (SF's console log, our progress.csv),
+stamps them with its own clock (seconds since process launch, start-up included for both) and stops a run at the
+first report whose mean return over the last 100 episodes reaches the threshold, or at its step cap / --timeout-s
+(then the run counts as "not reached", +inf in the median). Owns those processes (every process of their sessions is
+killed on exit, Ctrl-C, SIGTERM and errors) and the --out directory: per-run curve CSVs and logs, summary.json,
+summary.md and curves.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import csv
+import importlib.metadata
+import io
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sample_fast.benchmark.sample_factory_peer import INSTALL_HINT, kill_tree, repo_root
+
+CONTENDERS = ("sf", "ours")
+LABELS = {"sf": "Sample Factory 2.1.1", "ours": "sample_fast"}
+#: Ant-v4's semantics as task options (sample_fast.envs.tasks.ANT_V4_OPTIONS), for a tree without configs/env/ant_v4.
+ANT_V4_OVERRIDE = (
+    "+env.options={include_cfrc_ext_in_observation:false,contact_cost_weight:0.0,healthy_reward_always:true}"
+)
+CURVE_COLUMNS = ("launch_s", "env_steps", "episode_return_mean", "fps", "trainer_wall_s")
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+# runner.py print_stats: "Fps is (10 sec: 1638.4, 60 sec: ..., 300 sec: ...). Total num frames: 20480. ..."
+_SF_FPS_RE = re.compile(r"Fps is \(10 sec: ([-0-9.e+]+|nan)[^)]*\)\. Total num frames: (\d+)")
+# runner.py print_stats: "Avg episode reward: [(0, '-292.069')]" (policy 0's mean over its last stats_avg=100 episodes)
+_SF_REWARD_RE = re.compile(r"Avg episode reward: \[\(0, '([^']+)'\)")
+
+
+class RaceError(RuntimeError):
+    """A setup problem the user can fix (the message says how)."""
+
+
+# ----- data -------------------------------------------------------------------------------------------------------
+@dataclass
+class CurvePoint:
+    """One report of a trainer: when we saw it, how far it was, and its mean return over the last 100 episodes."""
+
+    launch_s: float  #: seconds since the process was launched (the race's clock), when the report was read
+    env_steps: float
+    episode_return_mean: float  #: NaN until the first episode has finished
+    fps: float = math.nan  #: the trainer's own throughput figure (SF: last 10 s; ours: since the previous row)
+    trainer_wall_s: float = math.nan  #: ours: progress.csv's wall_s (training time, start-up excluded); SF: NaN
+
+
+@dataclass
+class RunResult:
+    """One contender x seed."""
+
+    contender: str
+    seed: int
+    command: list[str]
+    load_before: tuple[float, float, float]  #: os.getloadavg() just before launch
+    curve: list[CurvePoint] = field(default_factory=list)
+    time_to_threshold_s: float = math.inf  #: launch -> first report >= threshold; inf when never reached
+    steps_at_threshold: float | None = None
+    stop_reason: str = "not started"  #: threshold | timeout | exited (step cap or crash) | interrupted
+    returncode: int | None = None
+    wall_s: float = 0.0  #: launch -> stop requested (or exit)
+    pid: int | None = None  #: the trainer's main process, also its session id
+
+    @property
+    def reached(self) -> bool:
+        return math.isfinite(self.time_to_threshold_s)
+
+    @property
+    def median_fps(self) -> float:
+        fps = [p.fps for p in self.curve if math.isfinite(p.fps) and p.fps > 0]
+        return statistics.median(fps) if fps else math.nan
+
+    @property
+    def best_return(self) -> float:
+        rets = [p.episode_return_mean for p in self.curve if math.isfinite(p.episode_return_mean)]
+        return max(rets) if rets else math.nan
+
+    @property
+    def lower_bound_s(self) -> float:
+        """A lower bound of the true time to threshold: the time itself, or how long the run went without it."""
+        return self.time_to_threshold_s if self.reached else self.wall_s
+
+
+# ----- parsing ----------------------------------------------------------------------------------------------------
+class SFLogParser:
+    """Incremental parser of Sample Factory's console output: bytes in, curve points out.
+
+    Every report is an "Fps is ... Total num frames: N" line followed by an "Avg episode reward" line once some
+    episode has finished; a point is emitted at the reward line, with the frames and 10-s FPS of the line before.
+    Lines may arrive split across reads (kept until their newline) and carry colorlog's ANSI codes (stripped).
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self._frames: float = 0.0
+        self._fps: float = math.nan
+
+    def feed(self, data: bytes, launch_s: float) -> list[CurvePoint]:
+        """Parse the complete lines in ``data`` (plus what was pending); stamp new points with ``launch_s``."""
+        text = self._pending + self._decoder.decode(data)
+        *lines, self._pending = text.split("\n")
+        points = []
+        for line in lines:
+            point = self._parse_line(_ANSI_RE.sub("", line), launch_s)
+            if point is not None:
+                points.append(point)
+        return points
+
+    def _parse_line(self, line: str, launch_s: float) -> CurvePoint | None:
+        m = _SF_FPS_RE.search(line)
+        if m:
+            self._fps, self._frames = float(m.group(1)), float(m.group(2))
+            return None
+        m = _SF_REWARD_RE.search(line)
+        if m:
+            return CurvePoint(launch_s, self._frames, float(m.group(1)), self._fps)
+        return None
+
+
+def parse_sf_log(text: str | bytes) -> list[CurvePoint]:
+    """All points of a complete SF log (launch_s unknown: NaN)."""
+    parser = SFLogParser()
+    data = text.encode() if isinstance(text, str) else text
+    return parser.feed(data + b"\n", math.nan)
+
+
+class ProgressCsvReader:
+    """Reads the rows ``sample_fast.train`` appends to <run_dir>/progress.csv, each once, while it is written.
+
+    The trainer appends one row per report (logging.interval_s); a row is taken only once its newline is there, so a
+    half-written row is read on the next poll.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._num_read = 0
+
+    def poll(self, launch_s: float) -> list[CurvePoint]:
+        try:
+            with open(self.path, newline="") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return []
+        complete = text[: text.rfind("\n") + 1]
+        rows = list(csv.DictReader(io.StringIO(complete)))
+        new = rows[self._num_read :]
+        self._num_read = len(rows)
+        return [
+            CurvePoint(
+                launch_s,
+                _float(row.get("env_steps")),
+                _float(row.get("episode_return_mean")),
+                _float(row.get("fps")),
+                _float(row.get("wall_s")),
+            )
+            for row in new
+        ]
+
+    def close(self) -> None:
+        pass
+
+
+class SFLogFollower:
+    """Follows SF's console log file while SF writes it (reads what was appended since the last poll)."""
+
+    def __init__(self, path: str) -> None:
+        self.parser = SFLogParser()
+        self._file = open(path, "rb")  # noqa: SIM115 (kept open while following; close() closes it)
+
+    def poll(self, launch_s: float) -> list[CurvePoint]:
+        return self.parser.feed(self._file.read(), launch_s)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+# ----- the threshold, medians and the verdict -----------------------------------------------------------------------
+def first_crossing(curve: Sequence[CurvePoint], threshold: float) -> CurvePoint | None:
+    """The first point whose mean return is >= ``threshold`` (NaN never counts), or None."""
+    for point in curve:
+        if point.episode_return_mean >= threshold:
+            return point
+    return None
+
+
+def median_time(times: Sequence[float]) -> float:
+    """Median over seeds with "never reached" as +inf (so it is inf once half or more never got there)."""
+    if not times:
+        return math.nan
+    return statistics.median(sorted(times))
+
+
+def verdict(ours: Sequence[RunResult], sf: Sequence[RunResult], max_ratio: float = 0.5) -> dict[str, Any]:
+    """Median times, their ratio (ours/SF) and whether ours' median is at most ``max_ratio`` x SF's.
+
+    A run that never reached the threshold took longer than it ran, so each median lies between the median of the
+    lower bounds (time, or run length when not reached: the median is monotone in every argument) and the median
+    with +inf. The bar is "met" when even ours' upper bound is <= max_ratio x SF's lower bound, "not met" when
+    ours' lower bound is above max_ratio x SF's upper bound, and "undetermined" otherwise (e.g. neither reached).
+    """
+    out: dict[str, Any] = {"max_ratio": max_ratio}
+    for name, runs in (("ours", ours), ("sf", sf)):
+        out[f"{name}_median_s"] = median_time([r.time_to_threshold_s for r in runs])
+        out[f"{name}_median_lower_bound_s"] = median_time([r.lower_bound_s for r in runs])
+        out[f"{name}_num_reached"] = sum(r.reached for r in runs)
+        out[f"{name}_num_runs"] = len(runs)
+    if not ours or not sf:
+        out.update(ratio=None, met=None, verdict="undetermined (one contender has no runs)")
+        return out
+    ours_hi, ours_lo = out["ours_median_s"], out["ours_median_lower_bound_s"]
+    sf_hi, sf_lo = out["sf_median_s"], out["sf_median_lower_bound_s"]
+    both_finite = math.isfinite(ours_hi) and math.isfinite(sf_hi)
+    out["ratio"] = ours_hi / sf_hi if both_finite else None
+    if ours_hi <= max_ratio * sf_lo:
+        out["met"], out["verdict"] = True, "met"
+    elif ours_lo > max_ratio * sf_hi:
+        out["met"], out["verdict"] = False, "not met"
+    else:
+        out["met"], out["verdict"] = None, "undetermined (too many runs never reached the threshold)"
+    return out
+
+
+# ----- processes --------------------------------------------------------------------------------------------------
+def session_pids(sid: int) -> list[int]:
+    """Every live process of session ``sid`` (our children run in their own session, so this finds grandchildren
+    that were re-parented to init as well)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields after the command name: state ppid pgrp session ...
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(entry))
+    return out
+
+
+def kill_session(sid: int, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM every process of session ``sid``, SIGKILL those left after ``grace_s``. Returns those signalled."""
+    signalled: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = session_pids(sid)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        signalled += pids
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end and session_pids(sid):
+            time.sleep(0.1)
+    return signalled
+
+
+@dataclass
+class Contender:
+    """How to launch one trainer and read its reports."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    cwd: str
+    log_path: str
+    make_reader: Callable[[], SFLogFollower | ProgressCsvReader]  #: called once the log file exists
+    stop_signal: int | None  #: sent to the main process to stop it gracefully (None: kill the session at once)
+
+
+def race_one(
+    c: Contender,
+    seed: int,
+    threshold: float,
+    timeout_s: float,
+    poll_s: float = 0.25,
+    stop_grace_s: float = 60.0,
+    report_every_s: float = 30.0,
+) -> RunResult:
+    """Launch ``c``, follow its reports until the threshold, its exit or ``timeout_s``; stop it; return a RunResult."""
+    result = RunResult(c.name, seed, c.command, tuple(round(x, 2) for x in os.getloadavg()))
+    label = run_name(c.name, seed)
+    proc = None
+    with open(c.log_path, "wb") as log_file:
+        reader = c.make_reader()
+        t0 = time.monotonic()
+        next_report = report_every_s
+        try:
+            proc = subprocess.Popen(
+                c.command, stdout=log_file, stderr=subprocess.STDOUT, env=c.env, cwd=c.cwd, start_new_session=True
+            )
+            result.pid = proc.pid
+            while True:
+                now = time.monotonic() - t0
+                exited = proc.poll() is not None  # checked before reading, so the last reports are not missed
+                new_points = reader.poll(now)
+                result.curve += new_points
+                hit = first_crossing(new_points, threshold)
+                if hit is not None:
+                    result.time_to_threshold_s, result.steps_at_threshold = hit.launch_s, hit.env_steps
+                if result.reached or exited or now >= timeout_s:
+                    result.stop_reason = "threshold" if result.reached else "exited" if exited else "timeout"
+                    break
+                if now >= next_report:
+                    last = result.curve[-1] if result.curve else CurvePoint(now, 0.0, math.nan)
+                    print(
+                        f"race: {label}: {now:.0f} s, {last.env_steps / 1e6:.2f}M env steps, "
+                        f"mean return {last.episode_return_mean:.0f}",
+                        flush=True,
+                    )
+                    next_report += report_every_s
+                time.sleep(poll_s)
+        except BaseException:
+            result.stop_reason = "interrupted"
+            raise
+        finally:
+            result.wall_s = time.monotonic() - t0
+            if proc is not None:
+                _stop(proc, c.stop_signal, stop_grace_s)
+                result.returncode = proc.returncode
+            reader.close()
+    return result
+
+
+def _stop(proc: subprocess.Popen, stop_signal: int | None, grace_s: float) -> None:
+    """Ask the main process to stop (``stop_signal``), wait ``grace_s``, then kill every process of its session."""
+    if proc.poll() is None and stop_signal is not None:
+        try:
+            os.kill(proc.pid, stop_signal)
+            proc.wait(timeout=grace_s)  # SYNC: ours writes a final checkpoint and exits
+        except subprocess.TimeoutExpired:
+            print(f"race: pid {proc.pid} did not exit {grace_s:g} s after {signal.Signals(stop_signal).name}; killing")
+        except ProcessLookupError:
+            pass
+    # Also after a clean exit: SF's workers have been seen to outlive their parent. The tree first (while the main
+    # process lives its children are found through it), then whatever is left of the session (re-parented orphans).
+    kill_tree(proc.pid)
+    kill_session(proc.pid)
+    try:
+        proc.wait(timeout=10.0)
+    except subprocess.TimeoutExpired:
+        print(f"race: pid {proc.pid} still there after SIGKILL", file=sys.stderr)
+
+
+def ant_v4_preset_available() -> bool:
+    """Whether this tree has configs/env/ant_v4.yaml (the lead's preset); otherwise the options are passed inline."""
+    from importlib.resources import files  # noqa: PLC0415 (only needed here)
+
+    try:
+        return files("sample_fast.configs").joinpath("env", "ant_v4.yaml").is_file()
+    except ModuleNotFoundError:
+        return False
+
+
+def ours_contender(seed: int, args: argparse.Namespace, run_dir: str, log_path: str) -> Contender:
+    env_args = ["env=ant_v4"] if ant_v4_preset_available() else ["env=ant", ANT_V4_OVERRIDE]
+    command = [
+        sys.executable,
+        "-m",
+        "sample_fast.train",
+        *env_args,
+        f"run.seed={seed}",
+        f"run.dir={run_dir}",
+        f"run.time_limit_s={args.timeout_s:g}",  # a backstop: the race stops it at --timeout-s from launch
+        "logging.progress=plain",
+    ]
+    if args.ours_env_steps:
+        command.append(f"run.total_env_steps={args.ours_env_steps:g}")
+    command += shlex.split(args.ours_overrides)
+    csv_path = os.path.join(run_dir, "progress.csv")
+    return Contender(
+        "ours",
+        command,
+        dict(os.environ, PYTHONUNBUFFERED="1"),
+        os.path.dirname(run_dir),
+        log_path,
+        lambda: ProgressCsvReader(csv_path),
+        signal.SIGINT,  # the trainer stops after the current step and writes a final checkpoint
+    )
+
+
+def sf_contender(seed: int, args: argparse.Namespace, train_dir: str, log_path: str) -> Contender:
+    command = [
+        sf_python(args.sf_venv),
+        "-m",
+        "sf_examples.mujoco.train_mujoco",
+        "--env=mujoco_ant",
+        "--algo=APPO",
+        f"--num_workers={args.sf_workers}",
+        f"--num_envs_per_worker={args.sf_envs_per_worker}",
+        "--device=cpu",
+        f"--seed={seed}",
+        f"--train_for_env_steps={int(args.sf_env_steps)}",
+        "--with_wandb=False",
+        f"--train_dir={train_dir}",
+        f"--experiment=race_ant_v4_seed{seed}",
+        "--restart_behavior=overwrite",
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("PYTHONPATH", None)  # the SF venv must not see sample_fast's site-packages
+
+    return Contender("sf", command, env, train_dir, log_path, lambda: SFLogFollower(log_path), None)
+
+
+def sf_python(venv: str) -> str:
+    """The SF venv's python; a clear error with the install command when it is missing."""
+    if not os.path.isabs(venv):
+        venv = os.path.join(repo_root(), venv)
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        raise RaceError(f"no Sample Factory virtualenv at {venv}; build it with: {INSTALL_HINT}")
+    return python
+
+
+# ----- outputs ----------------------------------------------------------------------------------------------------
+def run_name(contender: str, seed: int) -> str:
+    return f"{contender}_seed{seed}"
+
+
+def write_curve(path: str, curve: Sequence[CurvePoint]) -> None:
+    """One row per report: ``CURVE_COLUMNS`` (launch_s is the race's clock; trainer_wall_s is ours' own, or NaN)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CURVE_COLUMNS)
+        for p in curve:
+            writer.writerow(
+                [
+                    f"{p.launch_s:.3f}",
+                    f"{p.env_steps:.0f}",
+                    f"{p.episode_return_mean:.3f}",
+                    f"{p.fps:.1f}",
+                    f"{p.trainer_wall_s:.3f}",
+                ]
+            )
+
+
+def read_curve(path: str) -> list[CurvePoint]:
+    with open(path, newline="") as f:
+        return [CurvePoint(*(_float(row[c]) for c in CURVE_COLUMNS)) for row in csv.DictReader(f)]
+
+
+def run_record(r: RunResult) -> dict[str, Any]:
+    """A run as JSON (inf becomes null; its curve is in <run>.csv beside summary.json)."""
+    return {
+        "contender": r.contender,
+        "seed": r.seed,
+        "reached": r.reached,
+        "time_to_threshold_s": _json_num(r.time_to_threshold_s),
+        "steps_at_threshold": r.steps_at_threshold,
+        "trainer_wall_s_at_threshold": _json_num(_trainer_wall_at_threshold(r)),
+        "stop_reason": r.stop_reason,
+        "returncode": r.returncode,
+        "wall_s": round(r.wall_s, 3),
+        "median_fps": _json_num(r.median_fps),
+        "best_return": _json_num(r.best_return),
+        "num_reports": len(r.curve),
+        "load_before": list(r.load_before),
+        "command": r.command,
+        "curve_csv": run_name(r.contender, r.seed) + ".csv",
+    }
+
+
+def run_from_record(rec: dict[str, Any], out_dir: str) -> RunResult:
+    """Inverse of run_record (the curve read back from its CSV), for --only runs that keep the other contender's."""
+    r = RunResult(rec["contender"], rec["seed"], rec["command"], tuple(rec["load_before"]))
+    r.time_to_threshold_s = math.inf if rec["time_to_threshold_s"] is None else rec["time_to_threshold_s"]
+    r.steps_at_threshold, r.stop_reason = rec["steps_at_threshold"], rec["stop_reason"]
+    r.returncode, r.wall_s = rec["returncode"], rec["wall_s"]
+    curve_path = os.path.join(out_dir, rec["curve_csv"])
+    r.curve = read_curve(curve_path) if os.path.exists(curve_path) else []
+    return r
+
+
+def _trainer_wall_at_threshold(r: RunResult) -> float:
+    point = next((p for p in r.curve if p.launch_s == r.time_to_threshold_s), None) if r.reached else None
+    return point.trainer_wall_s if point is not None else math.nan
+
+
+def _json_num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(x, 3)
+
+
+def build_summary(runs: Sequence[RunResult], args: argparse.Namespace, machine: dict[str, Any]) -> dict[str, Any]:
+    by = {c: sorted((r for r in runs if r.contender == c), key=lambda r: r.seed) for c in CONTENDERS}
+    v = verdict(by["ours"], by["sf"])
+    return {
+        "threshold": args.threshold,
+        "timeout_s": args.timeout_s,
+        "sf_env_steps": args.sf_env_steps,
+        "ours_env_steps": args.ours_env_steps,
+        "ours_overrides": args.ours_overrides,
+        "seeds": sorted({r.seed for r in runs}),
+        "runs": [run_record(r) for c in CONTENDERS for r in by[c]],
+        "contenders": {
+            c: {
+                "label": LABELS[c],
+                "median_time_to_threshold_s": _json_num(v[f"{c}_median_s"]),
+                "median_lower_bound_s": _json_num(v[f"{c}_median_lower_bound_s"]),
+                "num_reached": v[f"{c}_num_reached"],
+                "num_runs": v[f"{c}_num_runs"],
+                "median_fps": _json_num(median_time([r.median_fps for r in by[c] if math.isfinite(r.median_fps)])),
+            }
+            for c in CONTENDERS
+        },
+        "ratio_ours_over_sf": None if v["ratio"] is None else round(v["ratio"], 4),
+        "max_ratio": v["max_ratio"],
+        "bar_met": v["met"],
+        "verdict": v["verdict"],
+        "machine": machine,
+    }
+
+
+def _fmt_s(x: float | None) -> str:
+    return "not reached" if x is None else f"{x:.0f} s"
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """summary.md: the verdict, a table per run and per contender, the commands and the machine."""
+    lines = [
+        f"# Ant-v4 learning race: wall-clock seconds to a mean return >= {summary['threshold']:g}",
+        "",
+        f"Verdict: **{summary['verdict']}** (the bar: sample_fast's median <= {summary['max_ratio']:g} x Sample "
+        "Factory's median; a run that never reached the threshold counts as +inf).",
+        "",
+        "| contender | median time to threshold | reached | ratio ours/SF | median FPS |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    ratio = summary["ratio_ours_over_sf"]
+    for c, s in summary["contenders"].items():
+        med = _fmt_s(s["median_time_to_threshold_s"])
+        if s["median_time_to_threshold_s"] is None and s["median_lower_bound_s"] is not None and s["num_runs"]:
+            med += f" (> {s['median_lower_bound_s']:.0f} s)"
+        fps = "n/a" if s["median_fps"] is None else f"{s['median_fps']:.0f}"
+        r = "" if c == "sf" else ("n/a" if ratio is None else f"{ratio:.2f}")
+        lines.append(f"| {s['label']} | {med} | {s['num_reached']}/{s['num_runs']} | {r} | {fps} |")
+    lines += [
+        "",
+        "| run | time to threshold | env steps then | trainer wall_s then | stopped by | best mean return | "
+        "median FPS | load before (1/5/15 min) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in summary["runs"]:
+        steps = "" if r["steps_at_threshold"] is None else f"{r['steps_at_threshold'] / 1e6:.2f}M"
+        tw = "" if r["trainer_wall_s_at_threshold"] is None else f"{r['trainer_wall_s_at_threshold']:.0f} s"
+        best = "n/a" if r["best_return"] is None else f"{r['best_return']:.0f}"
+        fps = "n/a" if r["median_fps"] is None else f"{r['median_fps']:.0f}"
+        load = "/".join(f"{x:.2f}" for x in r["load_before"])
+        lines.append(
+            f"| {run_name(r['contender'], r['seed'])} | {_fmt_s(r['time_to_threshold_s'])} | {steps} | {tw} | "
+            f"{r['stop_reason']} (after {r['wall_s']:.0f} s) | {best} | {fps} | {load} |"
+        )
+    m = summary["machine"]
+    lines += ["", "Commands (the race's clock starts at launch, so start-up counts for both):", ""]
+    lines += [f"    {shlex.join(r['command'])}" for r in summary["runs"]]
+    lines += ["", "Machine:", ""]
+    lines += [f"- {k}: {v}" for k, v in m.items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(runs: Sequence[RunResult], threshold: float, path: str) -> str | None:
+    """curves.png: mean return against wall seconds since launch, every run, threshold crossings marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"race: no curves.png ({e})", file=sys.stderr)
+        return None
+    colors = {"sf": "tab:orange", "ours": "tab:blue"}
+    styles = ["-", "--", ":", "-."]
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for r in runs:
+        pts = [p for p in r.curve if math.isfinite(p.episode_return_mean)]
+        label = f"{LABELS[r.contender]} seed {r.seed}" + ("" if r.reached else " (not reached)")
+        ax.plot(
+            [p.launch_s for p in pts],
+            [p.episode_return_mean for p in pts],
+            styles[r.seed % len(styles)],
+            color=colors[r.contender],
+            label=label,
+            linewidth=1.4,
+        )
+        if r.reached:
+            ax.plot([r.time_to_threshold_s], [threshold], "o", color=colors[r.contender])
+    ax.axhline(threshold, color="gray", linewidth=0.8)
+    ax.set_xlabel("wall seconds since launch")
+    ax.set_ylabel("mean return (last 100 episodes)")
+    ax.set_title(f"Ant-v4: time to mean return {threshold:g}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def machine_facts(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU count, load now, versions on both sides (SF's asked of its own venv)."""
+    facts: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "load_at_write": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    for pkg in ("sample-fast", "torch", "mujoco", "numpy"):
+        facts[f"ours_{pkg}"] = _version(pkg)
+    facts["ours_git_revision"] = _git_revision()
+    try:
+        out = subprocess.run(
+            [
+                sf_python(args.sf_venv),
+                "-c",
+                "import importlib.metadata as m\n"
+                "for p in ('sample-factory', 'torch', 'gymnasium', 'mujoco', 'numpy'): print(p, m.version(p))",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )
+        for line in out.stdout.splitlines():
+            name, version = line.split()
+            facts[f"sf_{name}"] = version
+    except (RaceError, OSError, subprocess.TimeoutExpired, ValueError) as e:
+        facts["sf_versions"] = f"unavailable: {e}"
+    return facts
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_revision() -> str | None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(
+            ["git", "-C", root, "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def write_outputs(runs: Sequence[RunResult], args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
+    """summary.json, summary.md and curves.png in ``out_dir`` (the per-run CSVs are written as runs finish)."""
+    summary = build_summary(runs, args, machine_facts(args))
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    text = summary_markdown(summary)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(text)
+    plot_curves(runs, args.threshold, os.path.join(out_dir, "curves.png"))
+    return summary
+
+
+# ----- the race ---------------------------------------------------------------------------------------------------
+def plan(seeds: Sequence[int], only: str | None) -> list[tuple[str, int]]:
+    """(contender, seed) in launch order: SF then ours for each seed, so drift over the race hits both alike."""
+    contenders = [only] if only else list(CONTENDERS)
+    return [(c, s) for s in seeds for c in contenders]
+
+
+def previous_runs(out_dir: str, threshold: float, skip: set[tuple[str, int]]) -> list[RunResult]:
+    """Runs recorded in ``out_dir``/summary.json at the same threshold that this invocation does not redo."""
+    path = os.path.join(out_dir, "summary.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        old = json.load(f)
+    if old.get("threshold") != threshold:
+        print(f"race: ignoring {path}: its threshold {old.get('threshold')} is not {threshold:g}", file=sys.stderr)
+        return []
+    return [run_from_record(rec, out_dir) for rec in old["runs"] if (rec["contender"], rec["seed"]) not in skip]
+
+
+def run_race(args: argparse.Namespace) -> dict[str, Any]:
+    out_dir = os.path.abspath(args.out)
+    os.makedirs(out_dir, exist_ok=True)
+    todo = plan(args.seeds, args.only)
+    if "sf" in {c for c, _ in todo}:
+        sf_python(args.sf_venv)  # fail before anything runs when SF's venv is missing
+    summary: dict[str, Any] = {}
+    runs = [] if args.fresh else previous_runs(out_dir, args.threshold, set(todo))
+    if runs:
+        print(
+            f"race: keeping {len(runs)} run(s) from {out_dir}/summary.json: "
+            f"{', '.join(run_name(r.contender, r.seed) for r in runs)} (--fresh drops them)"
+        )
+    try:
+        for i, (contender, seed) in enumerate(todo):
+            if i:
+                time.sleep(args.cooldown_s)  # let the previous run's processes and page cache settle
+            runs.append(run_and_keep(contender, seed, args, out_dir))
+            r = runs[-1]
+            print(
+                f"race: {run_name(contender, seed)}: {_fmt_s(_json_num(r.time_to_threshold_s))} "
+                f"(stopped by {r.stop_reason} after {r.wall_s:.0f} s, best {r.best_return:.0f}, "
+                f"median FPS {r.median_fps:.0f})",
+                flush=True,
+            )
+    finally:
+        # also after Ctrl-C or an error: the finished runs are recorded
+        if runs:
+            summary = write_outputs(runs, args, out_dir)
+    return summary
+
+
+def run_and_keep(contender: str, seed: int, args: argparse.Namespace, out_dir: str) -> RunResult:
+    """One run in a temporary directory; its curve CSV, log and config files are copied into ``out_dir``."""
+    name = run_name(contender, seed)
+    keep_dir = os.path.join(out_dir, name)
+    os.makedirs(keep_dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f"race_{name}_")
+    log_path = os.path.join(keep_dir, "stdout.log")
+    try:
+        if contender == "ours":
+            run_dir = os.path.join(work, "run")
+            c = ours_contender(seed, args, run_dir, log_path)
+            keep = [os.path.join(run_dir, n) for n in ("progress.csv", "config.yaml", "meta.json")]
+        else:
+            c = sf_contender(seed, args, work, log_path)
+            keep = [os.path.join(work, f"race_ant_v4_seed{seed}", "config.json")]
+        load = os.getloadavg()
+        if load[0] > 0.5 * (os.cpu_count() or 1):
+            print(
+                f"race: warning: load {load[0]:.2f} on {os.cpu_count()} CPUs before {name}; "
+                "the race needs a quiet machine",
+                file=sys.stderr,
+            )
+        print(f"race: {name}: {shlex.join(c.command)}", flush=True)
+        r = race_one(c, seed, args.threshold, args.timeout_s, args.poll_s, args.stop_grace_s, args.report_every_s)
+        for path in keep:
+            if os.path.exists(path):
+                shutil.copy(path, keep_dir)
+        write_curve(os.path.join(out_dir, name + ".csv"), r.curve)
+        return r
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds, each run by both (default 0 1 2)")
+    p.add_argument("--threshold", type=float, default=3000.0, help="mean return over the last 100 episodes")
+    p.add_argument("--timeout-s", type=float, default=900.0, help="a run not there by then counts as not reached")
+    p.add_argument("--out", default="benchmarks/results/race_ant_v4", help="output directory")
+    p.add_argument("--only", choices=CONTENDERS, help="run one contender (the other's runs in --out are kept)")
+    p.add_argument("--ours-overrides", default="", help='extra sample_fast.train overrides: "k=v k=v"')
+    p.add_argument(
+        "--sf-env-steps",
+        type=float,
+        default=3e6,
+        help="SF's --train_for_env_steps (default 3e6); also the horizon of its linear lr decay",
+    )
+    p.add_argument(
+        "--ours-env-steps", type=float, default=None, help="ours' run.total_env_steps (default: the preset's, 5e6)"
+    )
+    p.add_argument("--sf-venv", default=".venv-sf", help="Sample Factory's virtualenv (relative to the repo root)")
+    p.add_argument("--sf-workers", type=int, default=2)
+    p.add_argument("--sf-envs-per-worker", type=int, default=8)
+    p.add_argument("--poll-s", type=float, default=0.25, help="how often the reports are read")
+    p.add_argument("--cooldown-s", type=float, default=10.0, help="pause between runs")
+    p.add_argument("--stop-grace-s", type=float, default=60.0, help="wait for ours to exit after SIGINT")
+    p.add_argument("--report-every-s", type=float, default=30.0, help="print a progress line this often")
+    p.add_argument("--fresh", action="store_true", help="ignore the runs already recorded in --out")
+    args = p.parse_args(argv)
+    if args.timeout_s <= 0 or args.poll_s <= 0:
+        p.error("--timeout-s and --poll-s must be > 0")
+    if len(set(args.seeds)) != len(args.seeds):
+        p.error(f"--seeds has duplicates: {args.seeds}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # run the finally blocks: stop the trainer, write what was measured
+
+    old = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        run_race(args)
+    except RaceError as e:
+        print(f"race: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("race: interrupted; the finished runs are in summary.json", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    with open(os.path.join(os.path.abspath(args.out), "summary.md")) as f:
+        print(f.read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

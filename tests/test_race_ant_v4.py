@@ -1,0 +1,347 @@
+"""benchmarks/race_ant_v4.py: its log/CSV readers, threshold and median logic, verdict, outputs and process control.
+
+No real training: Sample Factory's output is a log captured from a 45-s run (tests/data/sf_ant_race_log.txt, ANSI
+colour codes kept), and the process tests launch tiny Python stand-ins that print SF-style lines or append
+progress.csv rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SF_LOG = Path(__file__).resolve().parent / "data" / "sf_ant_race_log.txt"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("race_ant_v4", ROOT / "benchmarks" / "race_ant_v4.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["race_ant_v4"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+race = _load()
+INF = math.inf
+
+# The six reports of the captured log, read off the file by eye: (Total num frames, 10-sec FPS, Avg episode reward).
+# The first "Fps is (10 sec: nan ...). Total num frames: 0" report has no reward line, so it gives no point.
+SF_EXPECTED = [
+    (4096, 819.6, -127.227),
+    (12288, 1229.1, -229.070),
+    (20480, 1638.4, -292.069),
+    (28672, 1637.4, -132.708),
+    (36864, 1636.7, -292.473),
+    (45056, 1639.4, -260.931),
+]
+
+
+# ----- readers ----------------------------------------------------------------------------------------------------
+def test_sf_log_parser_reads_the_captured_log():
+    data = SF_LOG.read_bytes()
+    assert b"\x1b[36m" in data  # the excerpt is raw console output, colour codes included
+    points = race.parse_sf_log(data)
+    assert [(p.env_steps, p.fps, p.episode_return_mean) for p in points] == SF_EXPECTED
+    assert all(math.isnan(p.trainer_wall_s) for p in points)
+
+
+def test_sf_log_parser_handles_lines_split_across_reads():
+    data = SF_LOG.read_bytes() + "[é] Avg episode reward: [(0, '3000.500')]\n".encode()
+    parser = race.SFLogParser()
+    got = []
+    # 7-byte reads split lines, ANSI codes and the 2-byte "é"; each point is stamped when its line completes.
+    for i in range(0, len(data), 7):
+        got += parser.feed(data[i : i + 7], launch_s=float(i))
+    assert [(p.env_steps, p.episode_return_mean) for p in got] == [(s, r) for s, _, r in SF_EXPECTED] + [
+        (45056, 3000.5)
+    ]
+    end_of_last_line = len(data) - 1
+    assert got[-1].launch_s == float(end_of_last_line - end_of_last_line % 7)
+    stamps = [p.launch_s for p in got]
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+
+
+def test_progress_csv_reader_reads_each_complete_row_once(tmp_path):
+    path = tmp_path / "progress.csv"
+    reader = race.ProgressCsvReader(str(path))
+    assert reader.poll(1.0) == []  # the trainer has not written it yet
+    path.write_text("env_steps,wall_s,fps,episode_return_mean,num_episodes\n45056.0,10.1,7496.5,,0\n")
+    (first,) = reader.poll(2.0)
+    assert (first.launch_s, first.env_steps, first.trainer_wall_s, first.fps) == (2.0, 45056.0, 10.1, 7496.5)
+    assert math.isnan(first.episode_return_mean)  # no finished episode yet: an empty cell
+    with open(path, "a") as f:
+        f.write("86016.0,16.0,6978.0,2999.5")  # half a row: not taken yet
+    assert reader.poll(3.0) == []
+    with open(path, "a") as f:
+        f.write(",12\n122880.0,21.2,7171.9,3100.25,20\n")
+    rows = reader.poll(4.0)
+    assert [(p.launch_s, p.env_steps, p.episode_return_mean) for p in rows] == [
+        (4.0, 86016.0, 2999.5),
+        (4.0, 122880.0, 3100.25),
+    ]
+    assert reader.poll(5.0) == []
+
+
+# ----- threshold, medians, verdict ----------------------------------------------------------------------------------
+def _pt(t, ret, steps=0.0):
+    return race.CurvePoint(t, steps, ret)
+
+
+def test_first_crossing_is_the_first_report_at_or_above_the_threshold():
+    curve = [_pt(5, math.nan), _pt(10, 2999.99), _pt(15, 3000.0, 7e5), _pt(20, 3500.0)]
+    assert race.first_crossing(curve, 3000.0) is curve[2]  # >= counts; NaN (no episodes yet) never does
+    assert race.first_crossing(curve, 3600.0) is None
+    assert race.first_crossing([], 3000.0) is None
+
+
+def test_median_treats_never_reached_as_inf():
+    assert race.median_time([370.0, INF, 275.0]) == 370.0  # sorted: 275, 370, inf
+    assert race.median_time([INF, 100.0, INF]) == INF  # two of three never got there
+    assert race.median_time([300.0, INF]) == INF  # (300 + inf) / 2
+    assert race.median_time([300.0, 400.0]) == 350.0
+    assert math.isnan(race.median_time([]))
+
+
+def _run(contender, seed, t, wall_s=900.0):
+    r = race.RunResult(contender, seed, ["cmd"], (0.1, 0.2, 0.3))
+    r.time_to_threshold_s = t
+    r.wall_s = t if math.isfinite(t) else wall_s
+    return r
+
+
+@pytest.mark.parametrize(
+    "ours_times, sf_times, ratio, met",
+    [
+        ([100.0, 120.0, 140.0], [300.0, 350.0, 370.0], 120 / 350, True),  # 120 <= 175
+        ([200.0, 180.0, 190.0], [300.0, 350.0, 370.0], 190 / 350, False),  # 190 > 175
+        ([175.0, 175.0, 175.0], [350.0, 350.0, 350.0], 0.5, True),  # exactly half meets the bar
+        # SF never got there in 2 of 3 (its median is inf; its lower bound is median(275, 900, 900) = 900):
+        # ours' 110 <= 450, so met, with no finite ratio.
+        ([100.0, 110.0, 120.0], [275.0, INF, INF], None, True),
+        # ours never got there in 2 of 3: lower bound median(900, 900, 100) = 900 > 0.5 x 370
+        ([INF, INF, 100.0], [300.0, 350.0, 370.0], None, False),
+        # neither median is finite: ours in [900, inf], SF in [900, inf]; neither inf <= 450 nor 900 > inf holds
+        ([INF, INF, 100.0], [INF, INF, INF], None, None),
+    ],
+)
+def test_verdict(ours_times, sf_times, ratio, met):
+    ours = [_run("ours", i, t, wall_s=900.0) for i, t in enumerate(ours_times)]
+    sf = [_run("sf", i, t, wall_s=900.0) for i, t in enumerate(sf_times)]
+    v = race.verdict(ours, sf)
+    assert v["ratio"] == pytest.approx(ratio) if ratio is not None else v["ratio"] is None
+    assert v["met"] is met
+    assert v["ours_num_reached"] == sum(math.isfinite(t) for t in ours_times)
+
+
+def test_verdict_with_one_contender_is_undetermined():
+    v = race.verdict([_run("ours", 0, 100.0)], [])
+    assert v["met"] is None and v["ratio"] is None and v["ours_median_s"] == 100.0
+
+
+def test_plan_interleaves_contenders_by_seed():
+    assert race.plan([0, 1, 2], None) == [("sf", 0), ("ours", 0), ("sf", 1), ("ours", 1), ("sf", 2), ("ours", 2)]
+    assert race.plan([3, 1], "ours") == [("ours", 3), ("ours", 1)]
+
+
+# ----- outputs ----------------------------------------------------------------------------------------------------
+def test_summary_writer(tmp_path, monkeypatch):
+    monkeypatch.setattr(race, "machine_facts", lambda args: {"cpu_count": 2, "sf_sample-factory": "2.1.1"})
+    args = race.parse_args(["--seeds", "0", "1", "--out", str(tmp_path), "--ours-overrides", "learner.lr=1e-3"])
+    runs = []
+    for seed, (t_ours, t_sf) in enumerate([(150.0, 300.0), (170.0, INF)]):
+        for name, t in (("sf", t_sf), ("ours", t_ours)):
+            r = _run(name, seed, t, wall_s=900.0)
+            r.curve = [
+                race.CurvePoint(10.0, 4e4, math.nan, 5000.0, 8.0),
+                race.CurvePoint(
+                    t if t < INF else 900.0, 1e6 * (seed + 1), 3000.0 if t < INF else 2500.0, 7000.0, 120.0
+                ),
+            ]
+            if t < INF:
+                r.steps_at_threshold, r.stop_reason = 1e6 * (seed + 1), "threshold"
+            else:
+                r.stop_reason = "timeout"
+            race.write_curve(str(tmp_path / f"{name}_seed{seed}.csv"), r.curve)
+            runs.append(r)
+    summary = race.write_outputs(runs, args, str(tmp_path))
+
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved == json.loads(json.dumps(summary))
+    by_run = {(r["contender"], r["seed"]): r for r in saved["runs"]}
+    assert by_run[("ours", 1)]["time_to_threshold_s"] == 170.0
+    assert by_run[("ours", 1)]["steps_at_threshold"] == 2e6
+    assert by_run[("ours", 1)]["trainer_wall_s_at_threshold"] == 120.0
+    assert by_run[("sf", 1)]["time_to_threshold_s"] is None and not by_run[("sf", 1)]["reached"]
+    assert by_run[("sf", 1)]["stop_reason"] == "timeout"
+    assert by_run[("sf", 0)]["median_fps"] == 6000.0  # median of 5000 and 7000
+    assert by_run[("sf", 0)]["load_before"] == [0.1, 0.2, 0.3]
+    # ours: median(150, 170) = 160; SF: median(300, inf) = inf, lower bound median(300, 900) = 600 -> met
+    assert saved["contenders"]["ours"]["median_time_to_threshold_s"] == 160.0
+    assert saved["contenders"]["sf"]["median_time_to_threshold_s"] is None
+    assert saved["contenders"]["sf"]["median_lower_bound_s"] == 600.0
+    assert saved["ratio_ours_over_sf"] is None and saved["bar_met"] is True
+    assert saved["ours_overrides"] == "learner.lr=1e-3" and saved["machine"]["cpu_count"] == 2
+
+    md = (tmp_path / "summary.md").read_text()
+    assert "Verdict: **met**" in md
+    # best return 3000 and median FPS 6000 from the two-point curves built above
+    assert "| ours_seed0 | 150 s | 1.00M | 120 s | threshold (after 150 s) | 3000 | 6000 | 0.10/0.20/0.30 |" in md
+    assert "| sf_seed1 | not reached |  |  | timeout (after 900 s) | 2500 | 6000 | 0.10/0.20/0.30 |" in md
+    assert "not reached (> 600 s)" in md
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # A later --only run keeps the recorded runs it does not redo, curves read back from their CSVs.
+    kept = race.previous_runs(str(tmp_path), 3000.0, skip={("ours", 0), ("ours", 1)})
+    assert sorted((r.contender, r.seed) for r in kept) == [("sf", 0), ("sf", 1)]
+    sf1 = next(r for r in kept if r.seed == 1)
+    assert sf1.time_to_threshold_s == INF and sf1.wall_s == 900.0
+    assert [(p.launch_s, p.env_steps, p.fps) for p in sf1.curve] == [(10.0, 4e4, 5000.0), (900.0, 2e6, 7000.0)]
+    assert race.previous_runs(str(tmp_path), 2500.0, skip=set()) == []  # another threshold: not comparable
+
+
+# ----- processes ----------------------------------------------------------------------------------------------------
+FAKE_SF = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    # a grandchild that outlives its parent, like SF's workers; its pid goes to argv[1]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    open(sys.argv[1], "w").write(str(child.pid))
+    for i in range(1, 1000):
+        print(f"\\x1b[36m[t][1] Fps is (10 sec: 5000.0, 60 sec: nan, 300 sec: nan). Total num frames: {i * 4096}.")
+        print(f"\\x1b[36m[t][1] Avg episode reward: [(0, '{i * 100.0:.3f}')]\\x1b[0m", flush=True)
+        time.sleep(0.05)
+    """
+)
+
+FAKE_OURS = textwrap.dedent(
+    """
+    import signal, sys, time
+    path, ret = sys.argv[1], float(sys.argv[2])
+    def stop(signum, frame):  # the trainer's SIGINT: stop, checkpoint, exit 0
+        open(path + ".sigint", "w").close()
+        sys.exit(0)
+    signal.signal(signal.SIGINT, stop)
+    with open(path, "w") as f:
+        f.write("env_steps,wall_s,fps,episode_return_mean\\n")
+    for i in range(1, 1000):
+        with open(path, "a") as f:
+            f.write(f"{i * 1000.0},{i * 0.05},7000.0,{ret + i}\\n")
+        time.sleep(0.05)
+    """
+)
+
+
+def _contender(name, tmp_path, script, make_reader, stop_signal, *script_args):
+    return race.Contender(
+        name,
+        [sys.executable, "-c", script, *script_args],
+        dict(os.environ),
+        str(tmp_path),
+        str(tmp_path / f"{name}.log"),
+        make_reader,
+        stop_signal,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(60)
+def test_race_one_stops_sf_at_the_threshold_and_kills_its_orphans(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    log = str(tmp_path / "sf.log")
+    c = _contender("sf", tmp_path, FAKE_SF, lambda: race.SFLogFollower(log), None, str(pid_file))
+    t0 = time.monotonic()
+    r = race.race_one(c, seed=0, threshold=500.0, timeout_s=30.0, poll_s=0.02)
+    assert r.stop_reason == "threshold" and r.reached
+    assert r.steps_at_threshold == 5 * 4096  # the report of 500.0 followed "Total num frames: 20480"
+    assert 0.0 < r.time_to_threshold_s <= r.wall_s < time.monotonic() - t0
+    assert [p.episode_return_mean for p in r.curve[:5]] == [100.0, 200.0, 300.0, 400.0, 500.0]
+    assert not _alive(r.pid) and not _alive(int(pid_file.read_text()))
+    assert race.session_pids(r.pid) == []
+
+
+@pytest.mark.timeout(60)
+def test_race_one_sigints_ours_and_times_out_below_the_threshold(tmp_path):
+    csv_path = str(tmp_path / "progress.csv")
+    c = _contender(
+        "ours", tmp_path, FAKE_OURS, lambda: race.ProgressCsvReader(csv_path), race.signal.SIGINT, csv_path, "-1e6"
+    )
+    r = race.race_one(c, seed=3, threshold=3000.0, timeout_s=1.5, poll_s=0.05, stop_grace_s=10.0)
+    assert r.stop_reason == "timeout" and not r.reached and r.time_to_threshold_s == INF
+    assert r.steps_at_threshold is None and 1.5 <= r.wall_s < 10.0
+    assert os.path.exists(csv_path + ".sigint") and r.returncode == 0  # stopped by SIGINT, not killed
+    rows = r.curve
+    assert len(rows) >= 5 and [p.env_steps for p in rows] == [1000.0 * (i + 1) for i in range(len(rows))]
+    assert all(p.launch_s <= r.wall_s for p in rows)
+
+
+@pytest.mark.timeout(60)
+def test_race_one_reports_a_run_that_exits_early(tmp_path):
+    csv_path = str(tmp_path / "progress.csv")
+    c = _contender("ours", tmp_path, "import sys; sys.exit(3)", lambda: race.ProgressCsvReader(csv_path), 2)
+    r = race.race_one(c, seed=0, threshold=3000.0, timeout_s=30.0, poll_s=0.02)
+    assert (r.stop_reason, r.returncode, r.curve) == ("exited", 3, [])
+
+
+def test_missing_sf_venv_names_the_install_command(tmp_path, capsys):
+    with pytest.raises(race.RaceError, match=r"setup_venv\.sh"):
+        race.sf_python(str(tmp_path / "no-venv"))
+    code = race.main(["--only", "sf", "--sf-venv", str(tmp_path / "no-venv"), "--out", str(tmp_path / "out")])
+    assert code == 2 and "bash benchmarks/sample_factory/setup_venv.sh" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_commands(tmp_path):
+    args = race.parse_args(["--seeds", "4", "--ours-overrides", "learner.lr=1e-3 'sampler.rollout_len=32'"])
+    ours = race.ours_contender(4, args, str(tmp_path / "run"), str(tmp_path / "log"))
+    assert ours.command[1:3] == ["-m", "sample_fast.train"] and ours.stop_signal == race.signal.SIGINT
+    assert {"run.seed=4", f"run.dir={tmp_path / 'run'}", "logging.progress=plain", "run.time_limit_s=900"} <= set(
+        ours.command
+    )
+    assert ours.command[-2:] == ["learner.lr=1e-3", "sampler.rollout_len=32"]
+    assert ("env=ant_v4" in ours.command) == race.ant_v4_preset_available()
+    sf_venv = tmp_path / "venv"
+    (sf_venv / "bin").mkdir(parents=True)
+    (sf_venv / "bin" / "python").touch()
+    args = race.parse_args(["--sf-venv", str(sf_venv), "--sf-env-steps", "2e6"])
+    sf = race.sf_contender(1, args, str(tmp_path / "sf"), str(tmp_path / "sf.log"))
+    assert sf.command[0] == str(sf_venv / "bin" / "python") and sf.stop_signal is None
+    assert {
+        "--env=mujoco_ant",
+        "--num_workers=2",
+        "--num_envs_per_worker=8",
+        "--device=cpu",
+        "--seed=1",
+        "--train_for_env_steps=2000000",
+        "--with_wandb=False",
+        "--restart_behavior=overwrite",
+    } <= set(sf.command)
+    assert "PYTHONPATH" not in sf.env and sf.env["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.timeout(120)
+def test_ours_command_composes_to_ant_v4_options(tmp_path):
+    """Hydra accepts the race's command line, and it selects Ant-v4's task options (--cfg job: no training)."""
+    args = race.parse_args(["--seeds", "0"])
+    ours = race.ours_contender(0, args, str(tmp_path / "run"), str(tmp_path / "log"))
+    out = subprocess.run([*ours.command, "--cfg", "job"], capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "include_cfrc_ext_in_observation: false" in out.stdout
+    assert "contact_cost_weight: 0.0" in out.stdout and "healthy_reward_always: true" in out.stdout
+    assert "name: ant\n" in out.stdout and "seed: 0" in out.stdout
