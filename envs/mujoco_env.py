@@ -16,6 +16,7 @@ Stepping through one cache-hot ``MjData`` per thread (as ``mujoco.rollout`` does
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -26,7 +27,7 @@ import mujoco
 import numpy as np
 import torch
 
-from .base import BatchedEnv, EnvError, EpisodeTracker, Spec, StepResult
+from .base import BatchedEnv, EnvError, Spec, StepResult
 from .physics import build_model, model_consts
 from .tasks import TASKS, Physics, is_terminated, resolve_options
 
@@ -38,14 +39,15 @@ BACKEND_OPTIONS: dict[str, Any] = {
 }
 
 #: MuJoCo warnings that mean the physics blew up: MuJoCo has already reset that MjData, we reset it properly.
-_BAD_WARNINGS = [
-    int(mujoco.mjtWarning.mjWARN_BADQPOS),
-    int(mujoco.mjtWarning.mjWARN_BADQVEL),
-    int(mujoco.mjtWarning.mjWARN_BADQACC),
-]
+_BAD_WARNINGS = slice(int(mujoco.mjtWarning.mjWARN_BADQPOS), int(mujoco.mjtWarning.mjWARN_BADQACC) + 1)
+assert int(mujoco.mjtWarning.mjWARN_BADQVEL) == _BAD_WARNINGS.start + 1 == _BAD_WARNINGS.stop - 2, (
+    "MuJoCo's warning enum changed: list BADQPOS, BADQVEL, BADQACC explicitly"
+)
 
 #: MjData attribute name of each ``Physics`` field.
 _FIELDS = ("qpos", "qvel", "cfrc_ext", "cinert", "cvel", "qfrc_actuator", "xpos", "xipos")
+#: The fields that are parts of the state vector too (read from it instead of being copied out of the MjData).
+_STATE_FIELDS = ("qpos", "qvel")
 
 #: The state that fully determines the next step (time, qpos, qvel, act, solver warm-start, ctrl, applied forces,
 #: mocap, userdata, plugin state): swapping it through one MjData reproduces per-env MjData bit for bit (tested).
@@ -89,35 +91,75 @@ class _StateSnapshots:
         return env._snapshot
 
 
-class _Worker:
-    """State of one worker thread: its env slice and the views it reads and writes. Holds no reference to the env,
-    so an env dropped without ``close()`` is still garbage collected (and ``__del__`` stops the threads)."""
+class _Shared:
+    """What the worker threads and the env share: the per-step work list, the env states, the batch arrays the
+    workers gather physics into, and the per-env reset cache. Holds no reference to the env, so an env dropped
+    without ``close()`` is still garbage collected (and ``__del__`` stops the threads)."""
 
-    def __init__(self, models, env_idx: range, state: np.ndarray, gathers, warn_buf, frame_skip, need_rne):
-        self.models = [models[i] for i in env_idx]  # the shared MjModel, or each env's own (model_params)
-        self.data = mujoco.MjData(models[0])  # every env of the slice is stepped through this one
-        self.env_idx = env_idx
-        self.state = state  # [N, nstate] mjSTATE_INTEGRATION rows, ctrl written by send() before the wake-up
-        # (batch array [N, ...], view into self.data) for every gathered field
-        self.copies = [(buf, getattr(self.data, name)) for name, buf in gathers]
-        self.warn_buf, self.warn_view = warn_buf, self.data.warning.number
-        self.frame_skip = frame_skip
-        self.need_rne = need_rne
+    def __init__(self, env: MujocoEnv) -> None:
+        self.num_envs = env.num_envs
+        self.models = env._models  # the shared MjModel, or each env's own (model_params)
+        self.state = env._state  # [N, nstate] mjSTATE_INTEGRATION rows, ctrl written by send() before the wake-up
+        self.bufs = env._bufs  # {field: [N, ...]} gathered after each step
+        self.warn = env._warn  # [N, num_warnings] MuJoCo's warning counters of each env's last step
+        self.frame_skip = env.frame_skip
+        self.need_rne = env._need_rne
+        # INVARIANT: after every physics phase, env i's next reset is prepared: reset_state[i] and reset_bufs[f][i]
+        # hold the state (and gathered fields) that reset draw number k+1 of env i's generator gives, where k draws
+        # were consumed by the resets it has done. recv() copies them in for the envs that are done and marks them
+        # stale; whichever worker steps env i next prepares its following reset right after stepping it.
+        self.reset_state = np.zeros_like(env._state)
+        self.gathered = env._gathered  # the fields copied out of the MjData (qpos and qvel are state views)
+        self.reset_bufs = {
+            f: self.reset_state[:, env._state_slices[f]] if f in _STATE_FIELDS else np.zeros_like(b)
+            for f, b in env._bufs.items()
+        }
+        self.stale = np.ones(env.num_envs, dtype=bool)
+        self.rngs: list[np.random.Generator] = []  # per env, set by MujocoEnv._seed_rngs
+        self.noise_scale = float(env.opts["reset_noise_scale"])
+        self.uniform_qvel = env.task.reset_noise == "uniform"
+        self.init_qpos, self.init_qvel = env.model.qpos0.copy(), np.zeros(env.model.nv)
+        self.task, self.opts, self.consts = env.task, env.opts, env.consts
+        self.reset_obs = np.zeros((env.num_envs, *env.observation_spec.shape), dtype=np.float32)
+        self.reset_position = np.zeros((env.num_envs, env._position_size))
+        self.claim: Any = iter(())  # this step's env indices; each thread takes the next one (see _Worker)
+
+
+class _Worker:
+    """One stepping thread's ``MjData`` and its prebuilt views into it."""
+
+    def __init__(self, shared: _Shared, name: str) -> None:
+        self.shared = shared
+        self.name = name
+        self.data = d = mujoco.MjData(shared.models[0])  # every env this thread steps goes through this one
+        fields = shared.gathered
+        self.copies = [(shared.bufs[f], getattr(d, f)) for f in fields]  # (batch array, view into self.data)
+        self.reset_copies = [(shared.reset_bufs[f], getattr(d, f)) for f in fields]
+        self.qpos, self.qvel = d.qpos, d.qvel
+        self.warn_view = d.warning.number
+        self.num_stepped = 0  # envs stepped by this thread in the last step (for tests and load statistics)
         self.start = threading.Event()
         self.done = threading.Event()
         self.stop = False
         self.error: str | None = None
 
     def step_slice(self) -> None:
-        # PERF: the per-env Python here is all the overhead beside ~145 µs of C physics per Ant step: measured
-        # ~3.5 µs per env (state in/out, loop, row copies) with mj_step/rne stubbed out; the hot MjData makes the
-        # physics itself a few percent cheaper than stepping a separate MjData per env, which more than pays it.
-        # The views are prebuilt, so no MjData attribute lookups happen per step. (One copy of the MjData span that
-        # holds all fields instead of one per field was measured slower: 22 KiB per Ant env against 1.3 KiB.)
-        d, nstep, rne, spec = self.data, self.frame_skip, self.need_rne, _STATE_SPEC
-        state, copies, warn_buf, warn_view = self.state, self.copies, self.warn_buf, self.warn_view
-        for i, m in zip(self.env_idx, self.models, strict=True):
-            row = state[i]
+        """Step envs until this step's work list is empty; each thread takes the next unclaimed env, so a thread
+        that started late or was descheduled simply steps fewer envs (all threads finish within one env step)."""
+        # PERF: beside ~200 µs of C physics per Ant env step, the per-env Python here (claim, state in/out, row
+        # copies) costs ~3.5 µs. The envs are claimed one at a time from a shared iterator (``next`` on an
+        # ``itertools.count`` is atomic under the GIL); against fixed slices this removed the ~1.5% of wall time
+        # lost to one thread finishing its slice before the other, and it keeps both cores busy when a thread
+        # wakes up late or another process takes a core for a while.
+        sh = self.shared
+        d, nstep, rne, spec, n = self.data, sh.frame_skip, sh.need_rne, _STATE_SPEC, sh.num_envs
+        models, state, warn_buf, stale = sh.models, sh.state, sh.warn, sh.stale
+        copies, warn_view = self.copies, self.warn_view
+        num_stepped = 0
+        for i in sh.claim:
+            if i >= n:
+                break
+            m, row = models[i], state[i]
             mujoco.mj_setState(m, d, row, spec)
             mujoco.mj_step(m, d, nstep)
             if rne:  # cfrc_ext is only computed by this pass (gymnasium calls it after every step too)
@@ -127,6 +169,40 @@ class _Worker:
                 buf[i] = view
             warn_buf[i] = warn_view
             warn_view.fill(0)  # the counters belong to this env's step only (fill is cheaper than testing first)
+            if stale[i]:
+                self.prepare_reset(i)
+            num_stepped += 1
+        self.num_stepped = num_stepped
+
+    def prepare_reset(self, i: int) -> None:
+        """Draw env i's next reset noise and compute its reset state (gymnasium's reset: ``mj_resetData``, set
+        qpos/qvel, ``mj_forward``) into the reset cache. Runs on the threads during the physics phase, so an
+        auto-reset costs recv() only a row copy (an ``mj_forward`` and two draws were ~80 µs on its thread)."""
+        sh, d = self.shared, self.data
+        m, rng, scale = sh.models[i], sh.rngs[i], sh.noise_scale
+        qpos = sh.init_qpos + rng.uniform(-scale, scale, m.nq)
+        if sh.uniform_qvel:
+            qvel = sh.init_qvel + rng.uniform(-scale, scale, m.nv)
+        else:
+            qvel = sh.init_qvel + scale * rng.standard_normal(m.nv)
+        _reset_into(m, d, qpos, qvel, self.qpos, self.qvel)
+        mujoco.mj_getState(m, d, sh.reset_state[i], _STATE_SPEC)
+        for buf, view in self.reset_copies:
+            buf[i] = view
+        self.warn_view.fill(0)
+        # The first observation and position too (~15 µs of numpy for one row, off the critical path here).
+        phys = Physics(**{f: buf[i : i + 1] for f, buf in sh.reset_bufs.items()})
+        sh.reset_obs[i] = sh.task.observation(np, phys, sh.opts, sh.consts)[0]  # float32, as astype would round
+        sh.reset_position[i] = sh.task.position(np, phys, sh.opts, sh.consts)[0]
+        sh.stale[i] = False
+
+
+def _reset_into(m: mujoco.MjModel, d: mujoco.MjData, qpos: np.ndarray, qvel: np.ndarray, qpos_view, qvel_view) -> None:
+    """gymnasium's ``MujocoEnv.reset`` + ``set_state``: ``mj_resetData``, write qpos/qvel, ``mj_forward``."""
+    mujoco.mj_resetData(m, d)
+    qpos_view[:] = qpos
+    qvel_view[:] = qvel
+    mujoco.mj_forward(m, d)
 
 
 def _worker_loop(w: _Worker) -> None:
@@ -219,56 +295,61 @@ class MujocoEnv(BatchedEnv):
 
         # Batch arrays the workers fill (each its own rows) and recv() reads.
         self._fields = tuple(f for f in _FIELDS if f in self.task.fields)
-        self._bufs = {f: np.zeros((num_envs, *getattr(self._data, f).shape)) for f in self._fields}
+        # qpos and qvel are read straight from the state rows (mj_getState stores them there anyway); the other
+        # fields are copied out of the MjData after each step (PERF: two row copies fewer per env step).
+        self._gathered = tuple(f for f in self._fields if f not in _STATE_FIELDS)
+        self._bufs = {
+            f: self._state[:, self._state_slices[f]]
+            if f in _STATE_FIELDS
+            else np.zeros((num_envs, *getattr(self._data, f).shape))
+            for f in self._fields
+        }
         self._warn = np.zeros((num_envs, len(self._data.warning)), dtype=np.int32)
         self._ctrl = np.zeros((num_envs, model.nu))
         self._need_rne = "cfrc_ext" in self._fields
-        self._init_qpos, self._init_qvel = model.qpos0.copy(), np.zeros(model.nv)
-        self._position = np.zeros((num_envs, 0))  # position() of each env after its last step/reset
+        self._phys = self._physics()  # views of the whole batch arrays (they are never reallocated)
+        self._position_size = int(np.shape(self.task.position(np, self._phys, opts, self.consts))[-1])
+        self._position = np.zeros((num_envs, self._position_size))  # position() of each env after its last step
         self._elapsed = np.zeros(num_envs, dtype=np.int64)
-        self._tracker = EpisodeTracker(num_envs, self.device)
+        # Episode statistics in numpy (EpisodeTracker's semantics): ~10 small torch ops per step cost ~75 µs on
+        # the critical path right after the physics, the numpy equivalents a fraction of that.
+        self._returns = np.zeros(num_envs, dtype=np.float32)
+        self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._needs_reset = True
-        self._seed_rngs(seed)
 
-        bounds = np.linspace(0, num_envs, self.num_threads + 1).round().astype(int)
+        self._shared = _Shared(self)
+        self._seed_rngs(seed)
         for k in range(self.num_threads):
-            w = _Worker(
-                self._models,
-                range(bounds[k], bounds[k + 1]),
-                self._state,
-                list(self._bufs.items()),
-                self._warn,
-                frame_skip,
-                self._need_rne,
-            )
-            t = threading.Thread(target=_worker_loop, args=(w,), name=f"mujoco-env-{k}", daemon=True)
+            w = _Worker(self._shared, f"mujoco-env-{k}")
+            t = threading.Thread(target=_worker_loop, args=(w,), name=w.name, daemon=True)
             t.start()
             self._workers.append(w)
             self._threads.append(t)
 
     # ----- reset ------------------------------------------------------------------------------------------
     def _seed_rngs(self, seed: int) -> None:
-        self._rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(self.num_envs)]
+        sh = self._shared
+        sh.rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(self.num_envs)]
+        sh.stale[:] = True  # prepared resets drew from the old generators
 
-    def _reset_data(self, i: int, qpos: np.ndarray | None = None, qvel: np.ndarray | None = None) -> None:
-        """Reset env i's MjData to ``qpos``/``qvel`` (default: the initial state plus the task's reset noise), like
-        gymnasium's ``reset`` (``mj_resetData``, set state, ``mj_forward``), and gather its fields."""
+    def _set_data(self, i: int, qpos: np.ndarray, qvel: np.ndarray) -> None:
+        """Put env i in state ``qpos``/``qvel`` like gymnasium's ``reset`` + ``set_state`` (``mj_resetData``, set,
+        ``mj_forward``) and gather its fields."""
         m, d = self._models[i], self._data
-        if qpos is None:
-            rng, scale = self._rngs[i], self.opts["reset_noise_scale"]
-            qpos = self._init_qpos + rng.uniform(-scale, scale, m.nq)
-            if self.task.reset_noise == "uniform":
-                qvel = self._init_qvel + rng.uniform(-scale, scale, m.nv)
-            else:
-                qvel = self._init_qvel + scale * rng.standard_normal(m.nv)
-        mujoco.mj_resetData(m, d)
-        d.qpos[:] = qpos
-        d.qvel[:] = qvel
-        mujoco.mj_forward(m, d)
+        _reset_into(m, d, qpos, qvel, d.qpos, d.qvel)
         mujoco.mj_getState(m, d, self._state[i], _STATE_SPEC)
-        for f, buf in self._bufs.items():
-            buf[i] = getattr(d, f)
+        for f in self._gathered:
+            self._bufs[f][i] = getattr(d, f)
         self._warn[i] = 0
+
+    def _apply_resets(self, rows: Any) -> None:
+        """Auto-reset envs ``rows`` (indices or a slice) from their prepared resets and mark those stale."""
+        sh = self._shared
+        self._state[rows] = sh.reset_state[rows]
+        for f in self._gathered:
+            self._bufs[f][rows] = sh.reset_bufs[f][rows]
+        self._warn[rows] = 0
+        sh.stale[rows] = True
 
     def _physics(self, rows: Any = slice(None)) -> Physics:
         return Physics(**{f: buf[rows] for f, buf in self._bufs.items()})
@@ -283,15 +364,16 @@ class MujocoEnv(BatchedEnv):
             self._wait_workers()
         if seed is not None:
             self._seed_rngs(seed)
-        for i in range(self.num_envs):
-            self._reset_data(i)
-        phys = self._physics()
-        self._position = np.array(self.task.position(np, phys, self.opts, self.consts), dtype=np.float64)
+        sh, helper = self._shared, self._workers[-1]  # its thread is idle: prepare missing resets through its MjData
+        for i in np.flatnonzero(sh.stale):
+            helper.prepare_reset(int(i))
+        self._apply_resets(slice(None))  # the next step's workers prepare each env's following reset
+        self._position = sh.reset_position.copy()
         self._elapsed[:] = 0
-        self._tracker.reset()
+        self._returns[:] = 0
+        self._lengths[:] = 0
         self._needs_reset = False
-        obs = self._observe(phys)
-        return self._to_device(obs), {}
+        return self._to_device(sh.reset_obs.copy()), {}
 
     def set_state(self, env_idx: int, qpos: np.ndarray, qvel: np.ndarray) -> torch.Tensor:
         """Put env ``env_idx`` in state (``qpos`` [nq], ``qvel`` [nv]) exactly as gymnasium's ``reset`` followed by
@@ -307,7 +389,7 @@ class MujocoEnv(BatchedEnv):
             raise EnvError(
                 f"set_state needs qpos [{self.model.nq}] and qvel [{self.model.nv}]; got {qpos.shape}, {qvel.shape}"
             )
-        self._reset_data(env_idx, qpos, qvel)
+        self._set_data(env_idx, qpos, qvel)
         phys = self._physics(slice(env_idx, env_idx + 1))
         self._position[env_idx] = self.task.position(np, phys, self.opts, self.consts)[0]
         return torch.from_numpy(self._observe(phys)[0])
@@ -353,6 +435,7 @@ class MujocoEnv(BatchedEnv):
         # the actuators received.
         np.clip(actions.detach().to("cpu", torch.float64).numpy(), self._ctrl_lo, self._ctrl_hi, out=self._ctrl)
         self._state[:, self._state_slices["ctrl"]] = self._ctrl
+        self._shared.claim = itertools.count()  # this step's work list (read by the threads after the wake-up)
         inline = self._workers[-1] if self._inline else None
         for w in self._workers:
             w.done.clear()
@@ -373,9 +456,9 @@ class MujocoEnv(BatchedEnv):
             # SYNC: waits for the physics of this worker's slice.
             if not w.done.wait(timeout=max(0.0, deadline - time.monotonic())):
                 self._broken = (
-                    f"mujoco step did not finish within step_timeout_s={self.step_timeout_s} s (worker {k}, envs "
-                    f"{w.env_idx.start}..{w.env_idx.stop - 1}); a very stiff model or an overloaded machine? "
-                    "Raise step_timeout_s, or make a new env"
+                    f"mujoco step did not finish within step_timeout_s={self.step_timeout_s} s (worker {k} of "
+                    f"{self.num_threads}); a very stiff model or an overloaded machine? Raise step_timeout_s, or "
+                    "make a new env"
                 )
                 raise EnvError(self._broken)
         errors = [w.error for w in self._workers if w.error]
@@ -390,19 +473,25 @@ class MujocoEnv(BatchedEnv):
 
     def _recv(self, actions: torch.Tensor) -> StepResult:
         self._wait_workers()
-        opts, consts, n = self.opts, self.consts, self.num_envs
-        phys = self._physics()
-        # PERF: everything below is vectorised over the batch; per-env Python happens only for envs that reset.
+        task, opts, consts, sh = self.task, self.opts, self.consts, self._shared
+        phys = self._phys
+        # PERF: this runs on the caller's thread while the other cores idle, right after the physics (cold caches:
+        # each numpy call costs ~3x its warm timeit figure). So it is vectorised over the batch with as few calls as
+        # possible, and the resets were moved out of it (prepared by the workers, copied in here).
         with np.errstate(invalid="ignore", over="ignore"):  # rows of blown-up envs are replaced below
-            position = np.array(self.task.position(np, phys, opts, consts), dtype=np.float64)  # a copy: may view _bufs
-            velocity = (position - self._position) / self.dt
-            reward, healthy = self.task.reward(np, phys, opts, consts, self._ctrl, velocity)
-            obs = self._observe(phys)
+            position = np.array(task.position(np, phys, opts, consts), dtype=np.float64)  # a copy: may view _bufs
+            velocity = position - self._position
+            velocity /= self.dt
+            reward, healthy = task.reward(np, phys, opts, consts, self._ctrl, velocity)
+            obs = task.observation(np, phys, opts, consts).astype(np.float32)
             reward = np.asarray(reward, dtype=np.float32)
-        # A blown-up env: MuJoCo's bad-state warnings (it has already reset that MjData), or anything non-finite in
-        # what we return (the reward covers the positions the observation excludes).
-        bad = self._warn[:, _BAD_WARNINGS].any(axis=1) | ~np.isfinite(obs).all(axis=1) | ~np.isfinite(reward)
-        terminated = np.asarray(is_terminated(np, healthy, opts), dtype=bool) | bad
+            # A blown-up env: MuJoCo's bad-state warnings (it has already reset that MjData), or anything non-finite
+            # in what we return (the reward covers the positions the observation excludes). A float64 sum of float32
+            # values cannot overflow, so it is non-finite exactly when one of them is.
+            bad = self._warn[:, _BAD_WARNINGS].any(axis=1)
+            bad |= ~np.isfinite(obs.sum(axis=1, dtype=np.float64) + reward)
+        terminated = np.array(is_terminated(np, healthy, opts), dtype=bool)
+        terminated |= bad
         if bad.any():
             obs[bad] = 0.0
             reward[bad] = 0.0
@@ -411,29 +500,34 @@ class MujocoEnv(BatchedEnv):
         if self.max_episode_steps is not None:
             truncated = self._elapsed >= self.max_episode_steps
         else:
-            truncated = np.zeros(n, dtype=bool)
+            truncated = np.zeros(self.num_envs, dtype=bool)
         done = terminated | truncated
-        final_obs = obs.copy()
-        x_position = position[:, 0].copy()
         done_idx = np.flatnonzero(done)
+        final_obs = obs.copy()
+        x_position = position[:, 0].astype(np.float32)
+        x_velocity = velocity[:, 0].astype(np.float32)
+        self._returns += reward
+        self._lengths += 1
+        episode_return = np.where(done, self._returns, np.float32(0.0))
+        episode_length = np.where(done, self._lengths, 0)
         if done_idx.size:
-            for i in done_idx:
-                self._reset_data(int(i))
-            rphys = self._physics(done_idx)
-            obs[done_idx] = self._observe(rphys)
-            position[done_idx] = self.task.position(np, rphys, opts, consts)
+            self._apply_resets(done_idx)
+            obs[done_idx] = sh.reset_obs[done_idx]
+            position[done_idx] = sh.reset_position[done_idx]
             self._elapsed[done_idx] = 0
+            self._returns[done_idx] = 0.0
+            self._lengths[done_idx] = 0
         self._position = position
-        done_t = self._to_device(done)
-        reward_t = self._to_device(reward)
+        to = self._to_device
         info: dict[str, Any] = {
-            "final_obs": self._to_device(final_obs),
-            "physics_reset": self._to_device(bad),
-            "x_position": self._to_device(x_position.astype(np.float32)),
-            "x_velocity": self._to_device(velocity[:, 0].astype(np.float32)),
+            "final_obs": to(final_obs),
+            "physics_reset": to(bad),
+            "x_position": to(x_position),
+            "x_velocity": to(x_velocity),
+            "episode_return": to(episode_return),
+            "episode_length": to(episode_length),
         }
-        self._tracker.update(reward_t, done_t, info)
-        return StepResult(self._to_device(obs), reward_t, self._to_device(terminated), self._to_device(truncated), info)
+        return StepResult(to(obs), to(reward), to(terminated), to(truncated), info)
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
