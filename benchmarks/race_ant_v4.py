@@ -361,22 +361,26 @@ def race_one(
 
 def _stop(proc: subprocess.Popen, stop_signal: int | None, grace_s: float) -> None:
     """Ask the main process to stop (``stop_signal``), wait ``grace_s``, then kill every process of its session."""
-    if proc.poll() is None and stop_signal is not None:
-        try:
-            os.kill(proc.pid, stop_signal)
-            proc.wait(timeout=grace_s)  # SYNC: ours writes a final checkpoint and exits
-        except subprocess.TimeoutExpired:
-            print(f"race: pid {proc.pid} did not exit {grace_s:g} s after {signal.Signals(stop_signal).name}; killing")
-        except ProcessLookupError:
-            pass
-    # Also after a clean exit: SF's workers have been seen to outlive their parent. The tree first (while the main
-    # process lives its children are found through it), then whatever is left of the session (re-parented orphans).
-    kill_tree(proc.pid)
-    kill_session(proc.pid)
     try:
-        proc.wait(timeout=10.0)
-    except subprocess.TimeoutExpired:
-        print(f"race: pid {proc.pid} still there after SIGKILL", file=sys.stderr)
+        if proc.poll() is None and stop_signal is not None:
+            try:
+                os.kill(proc.pid, stop_signal)
+                proc.wait(timeout=grace_s)  # SYNC: ours writes a final checkpoint and exits
+            except subprocess.TimeoutExpired:
+                sig = signal.Signals(stop_signal).name
+                print(f"race: pid {proc.pid} did not exit {grace_s:g} s after {sig}; killing it", file=sys.stderr)
+            except ProcessLookupError:
+                pass
+    finally:  # also when a second Ctrl-C cuts the grace period short
+        # Also after a clean exit: SF's workers have been seen to outlive their parent. The tree first while the
+        # main process lives (its pid is ours until reaped), then whatever is left of its session (orphans).
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+        kill_session(proc.pid)
+        try:
+            proc.wait(timeout=10.0)  # SYNC: reap it
+        except subprocess.TimeoutExpired:
+            print(f"race: pid {proc.pid} still there after SIGKILL", file=sys.stderr)
 
 
 def ant_v4_preset_available() -> bool:
@@ -812,6 +816,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--timeout-s and --poll-s must be > 0")
     if len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds has duplicates: {args.seeds}")
+    # Hydra rejects a key given twice; these are the race's own (run.dir is a temporary directory per run).
+    owned = {
+        "env": "the race always trains the Ant-v4 preset",
+        "run.seed": "use --seeds",
+        "run.dir": "each run has a temporary one; its files are copied into --out",
+        "run.time_limit_s": "use --timeout-s",
+        "run.total_env_steps": "use --ours-env-steps",
+        "logging.progress": "the race needs plain",
+    }
+    for item in shlex.split(args.ours_overrides):
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key in owned:
+            p.error(f"--ours-overrides sets {key}, which the race sets itself ({owned[key]})")
     return args
 
 

@@ -345,3 +345,45 @@ def test_ours_command_composes_to_ant_v4_options(tmp_path):
     assert "include_cfrc_ext_in_observation: false" in out.stdout
     assert "contact_cost_weight: 0.0" in out.stdout and "healthy_reward_always: true" in out.stdout
     assert "name: ant\n" in out.stdout and "seed: 0" in out.stdout
+
+
+def test_main_interleaves_and_writes_the_finished_runs_when_interrupted(tmp_path, monkeypatch, capsys):
+    """The orchestration with race_one stubbed: launch order, the per-run files, and Ctrl-C during the third run."""
+    monkeypatch.setattr(race, "machine_facts", lambda args: {"cpu_count": 2})
+    sf_venv = tmp_path / "venv"
+    (sf_venv / "bin").mkdir(parents=True)
+    (sf_venv / "bin" / "python").touch()
+    launched = []
+
+    def fake_race_one(c, seed, threshold, timeout_s, poll_s, stop_grace_s, report_every_s):
+        launched.append((c.name, seed))
+        if len(launched) == 3:
+            raise KeyboardInterrupt
+        r = race.RunResult(c.name, seed, c.command, (0.0, 0.0, 0.0))
+        r.curve = [race.CurvePoint(12.5, 1e5, threshold + 1.0, 4000.0)]
+        r.time_to_threshold_s, r.steps_at_threshold, r.stop_reason, r.wall_s = 12.5, 1e5, "threshold", 12.5
+        return r
+
+    monkeypatch.setattr(race, "race_one", fake_race_one)
+    out = tmp_path / "out"
+    argv = ["--seeds", "0", "1", "--out", str(out), "--sf-venv", str(sf_venv), "--cooldown-s", "0"]
+    assert race.main(argv) == 130
+    assert launched == [("sf", 0), ("ours", 0), ("sf", 1)]
+    saved = json.loads((out / "summary.json").read_text())
+    assert [(r["contender"], r["seed"], r["time_to_threshold_s"]) for r in saved["runs"]] == [
+        ("sf", 0, 12.5),
+        ("ours", 0, 12.5),
+    ]
+    assert saved["ratio_ours_over_sf"] == 1.0 and saved["bar_met"] is False  # 12.5 > 0.5 x 12.5
+    assert (out / "sf_seed0.csv").read_text().splitlines()[1] == "12.500,100000,3001.000,4000.0,nan"
+    assert (out / "ours_seed0").is_dir() and not (out / "ours_seed1.csv").exists()
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_overrides_of_keys_the_race_owns_are_rejected(capsys):
+    with pytest.raises(SystemExit) as e:
+        race.parse_args(["--ours-overrides", "learner.lr=1e-3 run.seed=5"])
+    assert e.value.code == 2 and "run.seed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        race.parse_args(["--ours-overrides", "+run.time_limit_s=10"])
+    assert race.parse_args(["--ours-overrides", "run.mode=serial"]).ours_overrides == "run.mode=serial"
