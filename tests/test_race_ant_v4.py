@@ -336,10 +336,16 @@ def test_commands(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_ours_command_composes_to_ant_v4_options(tmp_path):
-    """Hydra accepts the race's command line, and it selects Ant-v4's task options (--cfg job: no training)."""
+@pytest.mark.parametrize("preset", [True, False], ids=["env=ant_v4", "inline_options"])
+def test_ours_command_composes_to_ant_v4_options(tmp_path, monkeypatch, preset):
+    """Hydra accepts the race's command line, with the ant_v4 preset or without it (the options inline), and it
+    selects Ant-v4's task options (--cfg job prints the composed config: no training)."""
+    if preset and not race.ant_v4_preset_available():
+        pytest.skip("configs/env/ant_v4.yaml is not in this tree")
+    monkeypatch.setattr(race, "ant_v4_preset_available", lambda: preset)
     args = race.parse_args(["--seeds", "0"])
     ours = race.ours_contender(0, args, str(tmp_path / "run"), str(tmp_path / "log"))
+    assert ("env=ant_v4" in ours.command) == preset and (race.ANT_V4_OVERRIDE in ours.command) != preset
     out = subprocess.run([*ours.command, "--cfg", "job"], capture_output=True, text=True, timeout=100, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "include_cfrc_ext_in_observation: false" in out.stdout
