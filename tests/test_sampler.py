@@ -12,6 +12,7 @@ import torch
 from sample_fast.envs import make
 from sample_fast.envs.toy import ToyEnv
 
+from sample_fast.param_store import ParamStore
 from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, build_split_envs
 from sample_fast.trajectory_store import TrajectoryStore
 
@@ -224,3 +225,40 @@ def test_config_errors_name_the_fix():
     with pytest.raises(ValueError, match="different env groups"):
         sizes = iter([2, 3])
         build_split_envs(lambda: make("toy", next(sizes)), 2)
+
+
+@pytest.mark.parametrize("refresh", ["step", "slot"])
+def test_async_weights_refresh_mid_slot(refresh):
+    # Async mode: weights published while a slot fills reach the next policy forward ("step") or wait for the
+    # next slot ("slot"); either way every step's recorded version is the one whose weights produced its action.
+    rollout_len, num_envs = 6, 4
+    cfg = SamplerConfig(rollout_len=rollout_len, num_splits=2, num_slots=4, seed=0, weights_refresh=refresh)
+    envs = build_split_envs(lambda: toy_env(num_envs), 2)
+    store = TrajectoryStore(envs[0].observation_spec, envs[0].action_spec, rollout_len, num_envs, 4)
+    learner_policy, policy = VersionPolicy(), VersionPolicy()
+    params = ParamStore(learner_policy)
+    params.publish(learner_policy, version=0)
+    sampler = Sampler(envs, policy, store, cfg, param_store=params)
+    try:
+        for _ in range(3):  # steps 0..2 of the first slot of both splits, acted with version 0
+            sampler.advance(wait_s=0.0)
+        learner_policy.set_version(1)
+        params.publish(learner_policy, version=1)
+        batches = []
+        while len(batches) < 2:
+            if sampler.advance(wait_s=0.0):
+                while (idx := store.acquire_ready(timeout_s=0.0)) is not None:
+                    batches.append(store.slot(idx).clone())
+                    store.release(idx)
+        for batch in batches:  # the first slot of split A and of split B
+            check_batch(batch)
+            versions = batch["policy_version"][:, 0].tolist()
+            expected = [0, 0, 0, 1, 1, 1] if refresh == "step" else [0] * rollout_len
+            assert versions == expected
+    finally:
+        sampler.close()
+
+
+def test_weights_refresh_rejects_unknown_values():
+    with pytest.raises(ValueError, match="weights_refresh must be step or slot"):
+        SamplerConfig(weights_refresh="sometimes")
