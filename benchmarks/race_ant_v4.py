@@ -791,7 +791,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds, each run by both (default 0 1 2)")
     p.add_argument("--threshold", type=float, default=3000.0, help="mean return over the last 100 episodes")
     p.add_argument("--timeout-s", type=float, default=900.0, help="a run not there by then counts as not reached")
-    p.add_argument("--out", default="benchmarks/results/race_ant_v4", help="output directory")
+    p.add_argument(
+        "--out",
+        default=os.path.join(repo_root(), "benchmarks", "results", "race_ant_v4"),
+        help="output directory (default: benchmarks/results/race_ant_v4 in the repository)",
+    )
     p.add_argument("--only", choices=CONTENDERS, help="run one contender (the other's runs in --out are kept)")
     p.add_argument("--ours-overrides", default="", help='extra sample_fast.train overrides: "k=v k=v"')
     p.add_argument(
