@@ -286,6 +286,7 @@ class MujocoEnv(BatchedEnv):
         limited = model.actuator_ctrllimited.astype(bool)  # unlimited actuators accept any value
         lo[~limited], hi[~limited] = -np.inf, np.inf
         self._ctrl_lo, self._ctrl_hi = lo, hi
+        self._action_shape = torch.Size((num_envs, model.nu))
         self.action_spec = Spec(
             shape=(model.nu,),
             dtype=torch.float32,
@@ -305,7 +306,7 @@ class MujocoEnv(BatchedEnv):
             for f in self._fields
         }
         self._warn = np.zeros((num_envs, len(self._data.warning)), dtype=np.int32)
-        self._ctrl = np.zeros((num_envs, model.nu))
+        self._ctrl = self._state[:, self._state_slices["ctrl"]]  # this step's clipped actions, as the envs got them
         self._need_rne = "cfrc_ext" in self._fields
         self._phys = self._physics()  # views of the whole batch arrays (they are never reallocated)
         self._position_size = int(np.shape(self.task.position(np, self._phys, opts, self.consts))[-1])
@@ -424,6 +425,23 @@ class MujocoEnv(BatchedEnv):
 
     _inline = False
 
+    def validate_actions(self, actions: torch.Tensor) -> None:
+        """``BatchedEnv.validate_actions`` with a fast path for valid CPU actions: same checks, same errors."""
+        # PERF: the base check's torch ops (isfinite, all, a host read) cost ~80 µs per step at 64 envs right
+        # after the physics, on the critical path; in numpy ~10 µs. A float64 sum of float32 values cannot
+        # overflow, so it is finite exactly when every action is. Anything unusual goes to the base check, which
+        # raises the documented error (or accepts).
+        if (
+            type(actions) is torch.Tensor
+            and actions.dtype == torch.float32
+            and actions.device.type == "cpu" == self.device.type
+            and not actions.requires_grad
+            and actions.shape == self._action_shape
+            and np.isfinite(actions.numpy().sum(dtype=np.float64))
+        ):
+            return
+        super().validate_actions(actions)
+
     def _send(self, actions: torch.Tensor) -> None:
         if self._needs_reset:
             self._pending = None
@@ -433,8 +451,10 @@ class MujocoEnv(BatchedEnv):
             raise EnvError(self._broken)
         # Out-of-range actions are clipped here (MuJoCo would clamp ctrl anyway), so the control cost sees what
         # the actuators received.
-        np.clip(actions.detach().to("cpu", torch.float64).numpy(), self._ctrl_lo, self._ctrl_hi, out=self._ctrl)
-        self._state[:, self._state_slices["ctrl"]] = self._ctrl
+        # PERF: clipped in numpy straight into the ctrl part of the state rows (float32 -> float64 is exact, so
+        # this equals converting first); the torch conversion and a second copy cost ~40 µs on the critical path.
+        a = actions if self.device.type == "cpu" and not actions.requires_grad else actions.detach().cpu()
+        np.clip(a.numpy(), self._ctrl_lo, self._ctrl_hi, out=self._ctrl)
         self._shared.claim = itertools.count()  # this step's work list (read by the threads after the wake-up)
         inline = self._workers[-1] if self._inline else None
         for w in self._workers:
