@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import gymnasium as gym
 import mujoco
@@ -378,3 +379,89 @@ def test_datas_snapshot_for_rendering():
             assert d.xpos[1, 2] > 0  # kinematics computed (torso above the floor)
         with pytest.raises(IndexError):
             env.datas[3]
+
+
+def _ant_rollout(num_threads: int, send_recv: bool, num_steps: int = 60, stall_worker_s: float = 0.0):
+    """Ant, 10 envs, episodes cut at 25 steps; returns every output of every step and the reset counts."""
+    with make("ant", 10, backend="mujoco", seed=11, num_threads=num_threads, max_episode_steps=25) as env:
+        if stall_worker_s:  # the first worker thread starts every step late (a busy core, a slow wake-up)
+            w0 = env._workers[0]
+            step_slice = w0.step_slice
+
+            def late_step_slice():
+                time.sleep(stall_worker_s)
+                step_slice()
+
+            w0.step_slice = late_step_slice
+        rng = np.random.default_rng(3)
+        out = [env.reset()[0]]
+        num_terminated = num_truncated = 0
+        stepped = []
+        for _ in range(num_steps):
+            a = _actions(env, rng)
+            if send_recv:
+                env.send(a)
+                r = env.recv()
+            else:
+                r = env.step(a)
+            out += [r.obs, r.reward, r.terminated, r.truncated, *(r.info[k] for k in sorted(r.info))]
+            num_terminated += int(r.terminated.sum())
+            num_truncated += int((r.truncated & ~r.terminated).sum())
+            stepped.append([w.num_stepped for w in env._workers])
+        out.append(env.reset()[0])  # continues every env's reset stream after the auto-resets
+        return out, num_terminated, num_truncated, stepped
+
+
+@pytest.mark.timeout(60)
+def test_ant_with_resets_is_identical_for_any_thread_count_and_schedule():
+    # Each env is claimed by whichever thread is free and its next reset is prepared by whichever thread stepped it,
+    # so the schedule changes from run to run; the results must not (per-env state and reset generator only).
+    ref, num_terminated, num_truncated, stepped = _ant_rollout(1, send_recv=False)
+    assert num_terminated >= 1 and num_truncated >= 10  # both kinds of auto-reset happened (10 envs cut at 25)
+    assert all(s == [10] for s in stepped)
+    for num_threads, send_recv, stall in ((2, False, 0.0), (2, True, 0.0), (3, False, 0.0), (2, False, 0.02)):
+        out, _, _, stepped = _ant_rollout(num_threads, send_recv, stall_worker_s=stall)
+        assert len(out) == len(ref) and all(torch.equal(x, y) for x, y in zip(ref, out, strict=True))
+        assert all(sum(s) == 10 for s in stepped)  # every env stepped exactly once per step
+        if stall:  # the caller's thread did not wait for the late worker: it stepped (nearly) every env itself
+            assert np.median([s[-1] for s in stepped]) >= 9
+
+
+@pytest.mark.timeout(60)
+def test_reset_continues_each_envs_reset_stream_after_auto_resets():
+    # Resets are prepared ahead (draw k+1 while episode k runs); reset() and auto-resets must use exactly the next
+    # draw of each env's generator, prepared or not.
+    n, seed = 3, 7
+
+    def expect(obs, reset_number):
+        for i in range(n):
+            np.testing.assert_array_equal(obs[i].numpy(), _expected_halfcheetah_reset_obs(env, seed, i, reset_number))
+
+    with make("halfcheetah", n, backend="mujoco", seed=seed, max_episode_steps=2) as env:
+        expect(env.reset()[0], 0)
+        env.step(torch.zeros(n, 6))  # the workers prepare draw 1
+        expect(env.reset()[0], 1)  # the prepared draw
+        env.step(torch.zeros(n, 6))
+        r = env.step(torch.zeros(n, 6))
+        assert r.truncated.all()
+        expect(r.obs, 2)  # auto-reset
+        expect(env.reset()[0], 3)  # nothing prepared since: drawn now
+        expect(env.reset(seed=seed)[0], 0)  # reseeded
+
+
+@pytest.mark.timeout(60)
+def test_action_check_fast_path_keeps_the_errors():
+    with make("hopper", 2, backend="mujoco", num_threads=1) as env:
+        env.reset()
+        with pytest.raises(EnvError, match="NaN or inf"):
+            env.step(torch.tensor([[0.0, 0.0, 0.0], [0.0, float("inf"), 0.0]]))
+        with pytest.raises(EnvError, match="NaN or inf"):
+            env.step(torch.full((2, 3), float("-inf")))
+        with pytest.raises(EnvError, match=r"shape \(2, 3\)"):
+            env.step(torch.zeros(3, 2))
+        # the largest float32 values sum to more than float32 can hold, but they are finite: accepted, clipped
+        env.step(torch.full((2, 3), 3.4e38))
+        assert (env.state_view("ctrl") == 1.0).all()
+        a = torch.zeros(2, 3, requires_grad=True)  # a policy output that still tracks gradients is accepted
+        env.step(a * 2)
+        assert (env.state_view("ctrl") == 0.0).all()
