@@ -2,16 +2,21 @@
 
 Owns each env's physics state (a row of MuJoCo's ``mjSTATE_INTEGRATION`` vector, everything the next step depends
 on), one ``MjData`` per worker thread through which the envs are stepped (one ``MjModel`` from
-``physics.build_model``), the per-env reset generators and the batch arrays the workers gather physics into. Task
-semantics (observation, reward, termination, reset noise) come from ``envs.tasks`` and are computed vectorised in
-numpy over the whole batch; this module adds only stepping, gathering, auto-reset and bookkeeping.
+``physics.build_model``), the per-env reset generators with each env's prepared next reset, and the batch arrays the
+workers gather physics into. Task semantics (observation, reward, termination, reset noise) come from ``envs.tasks``
+and are computed vectorised in numpy over the whole batch; this module adds only stepping, gathering, auto-reset and
+bookkeeping.
 
-Per env step each worker does, for each env of its fixed contiguous slice: load the env's state (``ctrl`` included)
-into its ``MjData`` (``mj_setState``), ``mj_step(nstep=frame_skip)`` (the bindings release the GIL),
-``mj_rnePostConstraint`` where the task reads ``cfrc_ext`` (exactly like gymnasium's ``MujocoEnv``), store the state
-back (``mj_getState``) and copy the task's fields into its rows of the batch arrays. ``recv`` then does the maths.
-Stepping through one cache-hot ``MjData`` per thread (as ``mujoco.rollout`` does) is bit-identical to keeping one
-``MjData`` per env, measured a few percent cheaper, and needs ~1 KiB per env instead of ~750 KiB.
+Per env step the threads take the envs one at a time from a shared counter (the caller's thread too, in ``step``)
+and, for each: load the env's state (``ctrl`` included) into the thread's ``MjData`` (``mj_setState``),
+``mj_step(nstep=frame_skip)`` (the bindings release the GIL), ``mj_rnePostConstraint`` where the task reads
+``cfrc_ext`` (exactly like gymnasium's ``MujocoEnv``), store the state back (``mj_getState``), copy the task's
+fields into the env's rows of the batch arrays, and, if the env's next reset is not prepared yet, prepare it (draw
+the noise, ``mj_resetData`` + ``mj_forward``, first observation). ``recv`` then does the maths and copies prepared
+resets in for the envs that are done. Results depend on nothing but each env's own state and generator, so they
+are identical for any thread count and schedule (tested). Stepping through one cache-hot ``MjData`` per thread (as
+``mujoco.rollout`` does) is bit-identical to keeping one ``MjData`` per env, measured a few percent cheaper, and
+needs ~1 KiB per env instead of ~750 KiB.
 """
 
 from __future__ import annotations
