@@ -468,6 +468,12 @@ class MujocoEnv(BatchedEnv):
             if w is not inline:
                 w.start.set()
         self._in_flight = True
+        # PERF: whatever does not depend on this step's physics is done here, while the workers already step (with
+        # the envs claimed dynamically, the caller's thread just steps fewer of them), instead of on the serial
+        # tail in recv(): the fresh output arrays, the torch tensors viewing them (the first torch call after the
+        # physics cost ~30 µs) and the time limit.
+        self._outputs = self._new_outputs()
+        self._elapsed += 1
         if inline is not None:
             try:
                 inline.step_slice()
@@ -475,6 +481,21 @@ class MujocoEnv(BatchedEnv):
                 inline.error = traceback.format_exc()
             finally:
                 inline.done.set()
+
+    def _new_outputs(self) -> tuple[tuple[np.ndarray, ...], tuple[torch.Tensor, ...] | None]:
+        """Fresh output arrays for one step (the caller may keep what we return), packed so that 4 tensors are made
+        instead of 10: [final_obs, obs], [reward, x_position, x_velocity, episode_return], [terminated, truncated,
+        physics_reset], episode_length. On the CPU the tensors view them already; elsewhere recv() copies them."""
+        n = self.num_envs
+        arrays = (
+            np.empty((2, n, self._obs_size), dtype=np.float32),
+            np.zeros((4, n), dtype=np.float32),
+            np.empty((3, n), dtype=bool),
+            np.zeros(n, dtype=np.int64),
+        )
+        if self.device.type != "cpu":
+            return arrays, None
+        return arrays, tuple(torch.from_numpy(a) for a in arrays)
 
     def _wait_workers(self) -> None:
         deadline = time.monotonic() + self.step_timeout_s
@@ -495,23 +516,21 @@ class MujocoEnv(BatchedEnv):
 
     _snapshot: mujoco.MjData | None = None  # the MjData behind ``datas[i]``, made on first use
     _in_flight = False  # a step was sent to the workers and not yet waited for
+    _outputs: Any = None  # the output arrays (and tensors) send() prepared for recv()
     _broken: str | None = None  # why this env can no longer step (a timeout or a worker error)
 
     def _recv(self, actions: torch.Tensor) -> StepResult:
         self._wait_workers()
-        task, opts, consts, sh, n = self.task, self.opts, self.consts, self._shared, self.num_envs
+        task, opts, consts, sh = self.task, self.opts, self.consts, self._shared
         phys = self._phys
-        # PERF: this runs on the caller's thread while the other cores idle, right after the physics (cold caches:
-        # each numpy call costs ~3x its warm timeit figure). So it is vectorised over the batch with as few calls as
-        # possible, the resets are prepared by the workers (copied in here), and the outputs are written into three
-        # fresh packed arrays, so 4 tensors are made per step instead of 10. Fresh, because the caller may keep
-        # what we return.
-        obs2 = np.empty((2, n, self._obs_size), dtype=np.float32)
-        f32 = np.zeros((4, n), dtype=np.float32)
-        flags = np.empty((3, n), dtype=bool)
+        (obs2, f32, flags, episode_length), tensors = self._outputs
+        self._outputs = None  # each step's arrays are fresh
         final_obs, obs = obs2
         reward, x_position, x_velocity, episode_return = f32
         terminated, truncated, bad = flags
+        # PERF: this runs on the caller's thread while the other cores idle, right after the physics (cold caches:
+        # each numpy call costs ~3x its warm timeit figure). So it is vectorised over the batch with as few calls as
+        # possible, writes into the arrays send() prepared, and the resets were prepared by the workers.
         with np.errstate(invalid="ignore", over="ignore"):  # rows of blown-up envs are replaced below
             position = np.array(task.position(np, phys, opts, consts), dtype=np.float64)  # a copy: may view _bufs
             velocity = position - self._position
@@ -529,8 +548,7 @@ class MujocoEnv(BatchedEnv):
             final_obs[bad] = 0.0
             reward[bad] = 0.0
             velocity[bad] = 0.0
-        self._elapsed += 1
-        if self.max_episode_steps is not None:
+        if self.max_episode_steps is not None:  # (send() counted this step)
             np.greater_equal(self._elapsed, self.max_episode_steps, out=truncated)
         else:
             truncated[...] = False
@@ -542,7 +560,7 @@ class MujocoEnv(BatchedEnv):
         self._returns += reward
         self._lengths += 1
         np.copyto(episode_return, self._returns, where=done)
-        episode_length = np.where(done, self._lengths, 0)
+        np.copyto(episode_length, self._lengths, where=done)
         if done_idx.size:
             self._apply_resets(done_idx)
             obs[done_idx] = sh.reset_obs[done_idx]
@@ -551,16 +569,19 @@ class MujocoEnv(BatchedEnv):
             self._returns[done_idx] = 0.0
             self._lengths[done_idx] = 0
         self._position = position
-        final_obs_t, obs_t = self._to_device(obs2).unbind(0)
-        reward_t, x_position_t, x_velocity_t, episode_return_t = self._to_device(f32).unbind(0)
-        terminated_t, truncated_t, bad_t = self._to_device(flags).unbind(0)
+        if tensors is None:  # another device: one copy per packed array
+            tensors = tuple(torch.from_numpy(a).to(self.device) for a in (obs2, f32, flags, episode_length))
+        obs2_t, f32_t, flags_t, episode_length_t = tensors
+        final_obs_t, obs_t = obs2_t.unbind(0)
+        reward_t, x_position_t, x_velocity_t, episode_return_t = f32_t.unbind(0)
+        terminated_t, truncated_t, bad_t = flags_t.unbind(0)
         info: dict[str, Any] = {
             "final_obs": final_obs_t,
             "physics_reset": bad_t,
             "x_position": x_position_t,
             "x_velocity": x_velocity_t,
             "episode_return": episode_return_t,
-            "episode_length": self._to_device(episode_length),
+            "episode_length": episode_length_t,
         }
         return StepResult(obs_t, reward_t, terminated_t, truncated_t, info)
 
