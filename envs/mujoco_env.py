@@ -433,8 +433,8 @@ class MujocoEnv(BatchedEnv):
 
     def validate_actions(self, actions: torch.Tensor) -> None:
         """``BatchedEnv.validate_actions`` with a fast path for valid CPU actions: same checks, same errors."""
-        # PERF: the base check's torch ops (isfinite, all, a host read) cost ~80 µs per step at 64 envs right
-        # after the physics, on the critical path; in numpy ~10 µs. A float64 sum of float32 values cannot
+        # PERF: on the critical path before the wake-up. The base check (torch isfinite, all, a host read) measured
+        # ~84 µs per step at 64 Ant envs in situ (cold caches), this one ~28 µs. A float64 sum of float32 values cannot
         # overflow, so it is finite exactly when every action is. Anything unusual goes to the base check, which
         # raises the documented error (or accepts).
         if (
@@ -458,7 +458,7 @@ class MujocoEnv(BatchedEnv):
         # Out-of-range actions are clipped here (MuJoCo would clamp ctrl anyway), so the control cost sees what
         # the actuators received.
         # PERF: clipped in numpy straight into the ctrl part of the state rows (float32 -> float64 is exact, so
-        # this equals converting first); the torch conversion and a second copy cost ~40 µs on the critical path.
+        # this equals converting first): the part of send() before the wake-up went from ~49 to ~26 µs in situ.
         a = actions if self.device.type == "cpu" and not actions.requires_grad else actions.detach().cpu()
         np.clip(a.numpy(), self._ctrl_lo, self._ctrl_hi, out=self._ctrl)
         self._shared.claim = itertools.count()  # this step's work list (read by the threads after the wake-up)
