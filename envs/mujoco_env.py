@@ -44,10 +44,12 @@ BACKEND_OPTIONS: dict[str, Any] = {
 }
 
 #: MuJoCo warnings that mean the physics blew up: MuJoCo has already reset that MjData, we reset it properly.
-_BAD_WARNINGS = slice(int(mujoco.mjtWarning.mjWARN_BADQPOS), int(mujoco.mjtWarning.mjWARN_BADQACC) + 1)
-assert int(mujoco.mjtWarning.mjWARN_BADQVEL) == _BAD_WARNINGS.start + 1 == _BAD_WARNINGS.stop - 2, (
-    "MuJoCo's warning enum changed: list BADQPOS, BADQVEL, BADQACC explicitly"
+_BAD = sorted(
+    int(w)
+    for w in (mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL, mujoco.mjtWarning.mjWARN_BADQACC)
 )
+#: ... as a slice when they are adjacent (a view instead of a fancy-indexed copy per step).
+_BAD_WARNINGS: slice | list[int] = slice(_BAD[0], _BAD[-1] + 1) if _BAD == list(range(_BAD[0], _BAD[-1] + 1)) else _BAD
 
 #: MjData attribute name of each ``Physics`` field.
 _FIELDS = ("qpos", "qvel", "cfrc_ext", "cinert", "cvel", "qfrc_actuator", "xpos", "xipos")
