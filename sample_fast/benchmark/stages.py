@@ -275,7 +275,9 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         num_slots=2 * num_splits,
         seed=cfg.seed,
         inference_threads=cfg.torch_threads,
-        learner_threads=tcfg.learner_threads or (os.cpu_count() or 1),
+        # 0: half the cores, as sample_fast.config.resolve gives the trainer (torch's pool slows down many-fold
+        # when its threads fight the simulator's for the cores)
+        learner_threads=tcfg.learner_threads or max(1, (os.cpu_count() or 1) // 2),
         # The sampler's first MJX step compiles (a minute on a busy CPU), which must not read as a stall.
         heartbeat_timeout_s=max(60.0, cfg.measure_timeout_s),
         startup_timeout_s=max(300.0, cfg.measure_timeout_s),
