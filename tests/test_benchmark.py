@@ -122,6 +122,33 @@ def test_ratios_to_limit_and_best_peer():
     assert results[5]["ratio_to_best_peer"] is None
 
 
+def test_stage_shares_of_env_only_hand_computed():
+    results = [
+        _r("env", "sample_fast", "mujoco", 64, 8000.0),
+        _r("env", "sample_fast", "mujoco", 256, 9000.0),
+        _r("inference", "sample_fast", "mujoco", 64, 7200.0),
+        _r("train", "sample_fast", "mujoco", 64, 6000.0),
+        _r("train", "sample_fast", "mujoco", 256, 8100.0),
+        _r("train", "sample_fast", "envpool", 64, 5000.0),  # no env-only row of envpool: no share
+        _r("env", "peer", "envpool_raw", 64, 9000.0),  # peers are not our backends
+    ]
+    shares = {(x["stage"], x["name"], x["num_envs"]): x["share"] for x in report.stage_shares(results)}
+    assert shares == {
+        ("inference", "mujoco", 64): pytest.approx(0.9),
+        ("train", "mujoco", 64): pytest.approx(0.75),
+        ("train", "mujoco", 256): pytest.approx(0.9),
+    }
+    text = report.markdown(
+        {"title": "t", "created_utc": "now", "machine": {"hostname": "h", "cpu_model": "c", "cpu_usable": 2},
+         "load": {"before": [0], "after": [0]}, "timing": {"repeats": 1, "seconds_per_repeat": 1, "warmup_s": 0},
+         "results": [dict(r, frame_skip=5, physics_steps_per_s=1.0, ratio_to_limit=None, ratio_to_best_peer=None,
+                          env_steps_per_s={"median": r["env_steps_per_s"]["median"], "min": 1.0, "max": 2.0,
+                                           "repeats": [1.0]}) for r in results],
+         "skipped": []}
+    )  # fmt: skip
+    assert "| train | mujoco | ant | 64 | 6.0k | 8.0k | 0.75× |" in text
+
+
 # ----- Sample Factory log parsing ---------------------------------------------------------------------------------
 SF_LOG = """\
 [2026-01-01 10:00:00,000][01] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0. Throughput: 0: nan.
@@ -300,11 +327,14 @@ def test_tiny_suite_writes_json_markdown_png(tmp_path):
         else:
             assert r["ratio_to_limit"] is None
     md = (tmp_path / "tiny.md").read_text().splitlines()
-    rows = [line for line in md if line.startswith("| ") and not line.startswith("| stage")]
+    cut = md.index("Share of env-only throughput (same backend, env and num_envs, this run):")
+    rows = [line for line in md[:cut] if line.startswith("| ") and not line.startswith("| stage")]
     assert len(rows) == len(expected)
     for stage, name, env, n in expected:
         runner = name if name != "mujoco_rollout" else "mujoco_rollout (peer)"
         assert sum(line.startswith(f"| {stage} | {runner} | {env} | {n} |") for line in rows) == 1
+    shares = [line for line in md[cut:] if line.startswith("| inference |")]
+    assert len(shares) == 2  # inference over env-only, for toy and mujoco
     image = iio.imread(tmp_path / "tiny.png")
     assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 600
     assert rep["files"]["png"].endswith("tiny.png")

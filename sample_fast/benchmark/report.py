@@ -153,6 +153,24 @@ def best_peers(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def stage_shares(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Inference and train throughput as a share of the env-only throughput of the same backend, env and num_envs,
+    measured in the same run: what the sampler and the learner cost on top of the simulator."""
+    env_only = {
+        (r["name"], r["env"], r["num_envs"]): r["env_steps_per_s"]["median"]
+        for r in results
+        if r["stage"] == "env" and r["kind"] == "sample_fast"
+    }
+    out = []
+    for r in results:
+        base = env_only.get((r["name"], r["env"], r["num_envs"]))
+        if r["stage"] in ("inference", "train") and r["kind"] == "sample_fast" and base:
+            median = r["env_steps_per_s"]["median"]
+            out.append({"stage": r["stage"], "name": r["name"], "env": r["env"], "num_envs": r["num_envs"],
+                        "env_steps_per_s": median, "env_only_steps_per_s": base, "share": median / base})  # fmt: skip
+    return out
+
+
 def add_ratios(results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fill ``ratio_to_limit`` and ``ratio_to_best_peer`` of every result; return (limits, best peers)."""
     limits, peers = physical_limits(results), best_peers(results)
@@ -220,6 +238,20 @@ def markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     lines += [result_row(r) for r in report["results"]]
+    shares = stage_shares(report["results"])
+    if shares:
+        lines += [
+            "",
+            "Share of env-only throughput (same backend, env and num_envs, this run):",
+            "",
+            "| stage | backend | env | num_envs | env steps/s | env-only steps/s | share |",
+            "|---|---|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {x['stage']} | {x['name']} | {x['env']} | {x['num_envs']} | {format_rate(x['env_steps_per_s'])} | "
+            f"{format_rate(x['env_only_steps_per_s'])} | {_ratio(x['share'])} |"
+            for x in shares
+        ]
     if report["skipped"]:
         lines += ["", "Skipped:", ""]
         lines += [f"- {s['what']}: {s['reason']}" for s in report["skipped"]]
