@@ -801,8 +801,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--sf-env-steps",
         type=float,
-        default=3e6,
-        help="SF's --train_for_env_steps (default 3e6); also the horizon of its linear lr decay",
+        default=1e7,
+        help="SF's --train_for_env_steps (default 1e7, SF's mujoco default); also its linear lr decay's horizon",
     )
     p.add_argument(
         "--ours-env-steps", type=float, default=None, help="ours' run.total_env_steps (default: the preset's, 5e6)"
