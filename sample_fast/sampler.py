@@ -44,8 +44,8 @@ class SamplerConfig:
     episode_capacity: int = 65536  #: finished-episode ring size (sampler -> main); overflow is counted, not fatal
     mp_start_method: str = "spawn"  #: spawn or forkserver (never fork: torch/JAX threads exist before it)
     #: async mode: when the sampler picks up newer weights: "step" (before every policy forward; a version check is
-    #: ~1 us, a copy happens only when the learner published) or "slot" (only when a split starts a slot). "step"
-    #: roughly halves the policy lag, so V-trace clips less of each batch.
+    #: ~1 us, a copy happens only when the learner published) or "slot" (only when a split starts a slot). On Ant
+    #: "step" cut the mean policy lag from 2.5 to 0.7-1.0 versions, so V-trace clips less of each batch.
     weights_refresh: str = "step"
 
     def __post_init__(self) -> None:
