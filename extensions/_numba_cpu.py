@@ -1,8 +1,9 @@
 """Numba CPU kernels for GAE and V-trace on time-major ``[T, B]`` numpy arrays (the ``"numba"`` backend).
 
 Owns the jitted loops and the thread/chunk policy; inputs arrive validated and C-contiguous from
-``advantages.py``, outputs are written into caller-allocated arrays. Equations and episode rules are exactly those
-of ``_reference.py`` (same operation order, so float64 results match it to rounding).
+``advantages.py``, outputs are written into caller-allocated arrays. The per-element maths is ``_elementwise.py``'s
+(shared with the CUDA kernels, inlined here): the equations and episode rules of ``_reference.py`` in the same
+operation order, so float64 results match it to rounding.
 
 Layout: ``[T, B]`` row-major keeps B contiguous, so each thread owns a chunk of columns and walks time backwards
 row by row; the inner loop over the chunk's columns is unit-stride and vectorises.
@@ -17,6 +18,8 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types, uint64
 from numba.extending import intrinsic, overload
+
+from ._elementwise import episode_cut, gae_step, vtrace_step
 
 # PERF: columns per parallel work item. 1024 float32 columns x 7 arrays ~ 28 KiB per row, so the row t+1 a chunk
 # just wrote is still in L1/L2 when row t reads it. 256..4096 measured within noise at T=64, B=8192.
@@ -126,175 +129,94 @@ def fast_exp_array(x, out):
         out[i] = fast_exp(x[i])
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The kernels. Arguments travel as tuples in the public functions' order: arrays (``[T, B]`` except
+# bootstrap_value ``[B]``), scalars of the arrays' dtype, outputs, then ``scratch``, a zeroed ``[B]`` row.
+
+_episode_cut = njit(inline="always")(episode_cut)
+_gae_step = njit(inline="always")(gae_step)
+_vtrace_step = njit(inline="always")(vtrace_step)
+
+
 @njit(cache=True, inline="always")
-def _gae_block(
-    rewards, values, bootstrap_value, terminated, truncated, truncation_values, gamma, lam, adv, targets, b0, b1
-):
+def _gae_block(arrays, scalars, outputs, scratch, b0, b1):
     # PERF: b0/b1 are uint64 so numba drops its negative-index wraparound selects; with them LLVM would not
     # vectorise the inner loop (measured 2x slower single-threaded).
-    num_steps = rewards.shape[0]
+    rewards, values, bootstrap_value, terminated, truncated, truncation_values = arrays
+    gamma, lam = scalars
+    adv, targets = outputs
     zero = gamma - gamma  # a zero of the input dtype: a float64 literal would promote float32 math
     gamma_lam = gamma * lam
-    t = num_steps - 1
-    for b in range(b0, b1):
-        # Every load is unconditional and the branches are pure selects, so the loop if-converts and vectorises;
-        # truncation_values may hold poison (NaN) where not truncated, and a select never reads it into the sum.
-        next_value = truncation_values[t, b] if truncated[t, b] else bootstrap_value[b]
-        next_value = zero if terminated[t, b] else next_value
-        value = values[t, b]
-        advantage = rewards[t, b] + gamma * next_value - value
-        adv[t, b] = advantage
-        targets[t, b] = advantage + value
-    for t in range(num_steps - 2, -1, -1):
+    last = rewards.shape[0] - 1
+    for t in range(last, -1, -1):
+        # Row t+1 of V and A; at t == T-1 the bootstrap value and A_T = 0 (scratch is all zeros). PERF: row T-1 runs
+        # through the same loop, whose vector body is the same 21 instructions per 8 float32 columns (asm compared)
+        # as before row T-1 was folded in; its peeled loop of the earlier version compiled to gathers.
+        values_after = bootstrap_value if t == last else values[t + 1]
+        adv_after = scratch if t == last else adv[t + 1]
         for b in range(b0, b1):
-            is_terminated = terminated[t, b]
-            is_truncated = truncated[t, b]
-            truncation_value = truncation_values[t, b]
-            value_after = values[t + 1, b]
-            advantage_after = adv[t + 1, b]
-            next_value = truncation_value if is_truncated else value_after
-            next_value = zero if is_terminated else next_value
-            carried = zero if (is_terminated or is_truncated) else advantage_after
+            # Every load is unconditional and _episode_cut's branches are selects, so the loop if-converts and
+            # vectorises; truncation_values may hold poison (NaN) where not truncated and is never selected there.
             value = values[t, b]
-            advantage = rewards[t, b] + gamma * next_value - value + gamma_lam * carried
+            next_value, carried = _episode_cut(
+                terminated[t, b], truncated[t, b], truncation_values[t, b], values_after[b], adv_after[b], zero
+            )
+            advantage = _gae_step(rewards[t, b], value, next_value, carried, gamma, gamma_lam)
             adv[t, b] = advantage
             targets[t, b] = advantage + value
 
 
 @njit(cache=True, inline="always")
-def _vtrace_step(ratio, reward, value, next_value, carried, gamma, lam, rho_clip, c_clip):
-    """One V-trace element: returns ``(pg_adv_t, vs_t - V_t)`` given ``carried = (1 - done_t) (vs_{t+1} - V_{t+1})``."""
-    rho = rho_clip if ratio > rho_clip else ratio
-    c = lam * (c_clip if ratio > c_clip else ratio)
-    delta = reward + gamma * next_value - value
-    # next_vs = vs_{t+1} = V_{t+1} + (vs_{t+1} - V_{t+1}) inside an episode, next_value at a boundary or at T-1
-    # (carried is 0 there): the same sum, in the same order, as the reference's vs[t + 1], so bit-identical.
-    next_vs = next_value + carried
-    pg_adv = rho * (reward + gamma * next_vs - value)
-    return pg_adv, rho * delta + gamma * c * carried
-
-
-@njit(cache=True, inline="always")
-def _vtrace_block(
-    behavior_logp,
-    target_logp,
-    rewards,
-    values,
-    bootstrap_value,
-    terminated,
-    truncated,
-    truncation_values,
-    gamma,
-    lam,
-    rho_clip,
-    c_clip,
-    pg_adv,
-    vs,
-    vs_minus_v,
-    b0,
-    b1,
-):
-    # Same shape as _gae_block (unconditional loads, selects). PERF: the importance ratios of a row go through
-    # fast_exp in a loop of their own into an L1-sized buffer: inlined into the main loop, the vectoriser gave up
-    # on it (2x slower than libm exp); split, the kernel is 2x faster than with libm (1.8 vs 3.5 ms, T=64,
-    # B=8192, one core). vs_minus_v[b] carries vs_{t+1} - V_{t+1} of column b from one row to the next.
-    num_steps = rewards.shape[0]
+def _vtrace_block(arrays, scalars, outputs, scratch, b0, b1):
+    # Same loop as _gae_block. PERF: the importance ratios of a row go through fast_exp in a loop of their own
+    # into an L1-sized buffer: inlined into the main loop, the vectoriser gave up on it (2x slower than libm exp);
+    # split, the kernel is 2x faster than with libm (1.8 vs 3.5 ms, T=64, B=8192, one core). scratch[b] carries
+    # vs_{t+1} - V_{t+1} of column b from one row to the next (zeros on entry: vs_T - V_T = 0).
+    behavior_logp, target_logp, rewards, values, bootstrap_value, terminated, truncated, truncation_values = arrays
+    gamma, lam, rho_clip, c_clip = scalars
+    pg_adv, vs = outputs
     zero = gamma - gamma
-    t = num_steps - 1
+    last = rewards.shape[0] - 1
     ratios = np.empty(b1 - b0, dtype=rewards.dtype)
-    for b in range(b0, b1):
-        ratios[b - b0] = fast_exp(target_logp[t, b] - behavior_logp[t, b])
-    for b in range(b0, b1):
-        next_value = truncation_values[t, b] if truncated[t, b] else bootstrap_value[b]
-        next_value = zero if terminated[t, b] else next_value
-        value = values[t, b]
-        pg, x = _vtrace_step(ratios[b - b0], rewards[t, b], value, next_value, zero, gamma, lam, rho_clip, c_clip)
-        pg_adv[t, b] = pg
-        vs_minus_v[b] = x
-        vs[t, b] = value + x
-    for t in range(num_steps - 2, -1, -1):
+    for t in range(last, -1, -1):
+        values_after = bootstrap_value if t == last else values[t + 1]
         for b in range(b0, b1):
             ratios[b - b0] = fast_exp(target_logp[t, b] - behavior_logp[t, b])
         for b in range(b0, b1):
-            is_terminated = terminated[t, b]
-            is_truncated = truncated[t, b]
-            truncation_value = truncation_values[t, b]
-            value_after = values[t + 1, b]
-            carried_after = vs_minus_v[b]
-            next_value = truncation_value if is_truncated else value_after
-            next_value = zero if is_terminated else next_value
-            carried = zero if (is_terminated or is_truncated) else carried_after
             value = values[t, b]
+            next_value, carried = _episode_cut(
+                terminated[t, b], truncated[t, b], truncation_values[t, b], values_after[b], scratch[b], zero
+            )
             pg, x = _vtrace_step(
                 ratios[b - b0], rewards[t, b], value, next_value, carried, gamma, lam, rho_clip, c_clip
             )
             pg_adv[t, b] = pg
-            vs_minus_v[b] = x
+            scratch[b] = x
             vs[t, b] = value + x
 
 
-def _gae_chunks(
-    rewards, values, bootstrap_value, terminated, truncated, truncation_values, gamma, lam, adv, targets, chunk
-):
-    num_columns = rewards.shape[1]
-    num_chunks = (num_columns + chunk - 1) // chunk
-    for chunk_idx in prange(num_chunks):
-        b0 = uint64(chunk_idx * chunk)
-        b1 = uint64(min(chunk_idx * chunk + chunk, num_columns))
-        _gae_block(
-            rewards, values, bootstrap_value, terminated, truncated, truncation_values, gamma, lam, adv, targets, b0, b1
-        )
+@njit(cache=True, inline="always")
+def _chunk_columns(chunk_idx, chunk, num_columns):
+    """Columns ``[b0, b1)`` of one work item, as uint64 (see _gae_block)."""
+    return uint64(chunk_idx * chunk), uint64(min(chunk_idx * chunk + chunk, num_columns))
 
 
-def _vtrace_chunks(
-    behavior_logp,
-    target_logp,
-    rewards,
-    values,
-    bootstrap_value,
-    terminated,
-    truncated,
-    truncation_values,
-    gamma,
-    lam,
-    rho_clip,
-    c_clip,
-    pg_adv,
-    vs,
-    vs_minus_v,
-    chunk,
-):
-    num_columns = rewards.shape[1]
-    num_chunks = (num_columns + chunk - 1) // chunk
-    for chunk_idx in prange(num_chunks):
-        b0 = uint64(chunk_idx * chunk)
-        b1 = uint64(min(chunk_idx * chunk + chunk, num_columns))
-        _vtrace_block(
-            behavior_logp,
-            target_logp,
-            rewards,
-            values,
-            bootstrap_value,
-            terminated,
-            truncated,
-            truncation_values,
-            gamma,
-            lam,
-            rho_clip,
-            c_clip,
-            pg_adv,
-            vs,
-            vs_minus_v,
-            b0,
-            b1,
-        )
+# Each thread owns a chunk of columns. The same two drivers compiled twice: prange is a plain range in the serial
+# build (no thread-pool round trip).
+def _gae_chunks(arrays, scalars, outputs, scratch, chunk):
+    for chunk_idx in prange((scratch.shape[0] + chunk - 1) // chunk):
+        b0, b1 = _chunk_columns(chunk_idx, chunk, scratch.shape[0])
+        _gae_block(arrays, scalars, outputs, scratch, b0, b1)
 
 
-# The same loops compiled twice: prange is a plain range in the serial build (no thread-pool round trip).
-_gae_parallel = njit(parallel=True, cache=True)(_gae_chunks)
-_gae_serial = njit(cache=True)(_gae_chunks)
-_vtrace_parallel = njit(parallel=True, cache=True)(_vtrace_chunks)
-_vtrace_serial = njit(cache=True)(_vtrace_chunks)
+def _vtrace_chunks(arrays, scalars, outputs, scratch, chunk):
+    for chunk_idx in prange((scratch.shape[0] + chunk - 1) // chunk):
+        b0, b1 = _chunk_columns(chunk_idx, chunk, scratch.shape[0])
+        _vtrace_block(arrays, scalars, outputs, scratch, b0, b1)
+
+
+_GAE_KERNELS = (njit(parallel=True, cache=True)(_gae_chunks), njit(cache=True)(_gae_chunks))
+_VTRACE_KERNELS = (njit(parallel=True, cache=True)(_vtrace_chunks), njit(cache=True)(_vtrace_chunks))
 
 
 def _use_parallel(num_elements: int, num_threads: int | None) -> bool:
@@ -309,77 +231,38 @@ def _use_parallel(num_elements: int, num_threads: int | None) -> bool:
     return True
 
 
-def gae_numba(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    bootstrap_value: np.ndarray,
-    terminated: np.ndarray,
-    truncated: np.ndarray,
-    truncation_values: np.ndarray,
-    gamma: float,
-    lam: float,
-    adv: np.ndarray,
-    targets: np.ndarray,
-    num_threads: int | None = None,
+def _launch(
+    kernels: tuple, arrays: tuple, scalars: tuple, outputs: tuple[np.ndarray, np.ndarray], num_threads: int | None
 ) -> None:
+    """Run the parallel or the serial build of a kernel pair; the scalars are cast to the arrays' dtype."""
+    dtype = outputs[0].dtype
+    # One zeroed [B] row per call (32 KiB at B=8192 float32, next to the ~12 MB a GAE call reads and writes).
+    scratch = np.zeros(outputs[0].shape[1], dtype=dtype)
+    parallel, serial = kernels
+    kernel = parallel if _use_parallel(outputs[0].size, num_threads) else serial
+    kernel(arrays, tuple(dtype.type(x) for x in scalars), outputs, scratch, CHUNK_COLUMNS)
+
+
+def gae_numba(
+    rewards: np.ndarray, values: np.ndarray, bootstrap_value: np.ndarray, terminated: np.ndarray,
+    truncated: np.ndarray, truncation_values: np.ndarray, gamma: float, lam: float,
+    adv: np.ndarray, targets: np.ndarray, num_threads: int | None = None,
+) -> None:  # fmt: skip
     """Write GAE advantages and value targets into ``adv``/``targets`` (all ``[T, B]``, one float dtype, C order).
 
     ``truncation_values`` must be an array of the same shape even when nothing is truncated (pass ``values``: it is
     then never selected). ``num_threads`` caps the threads (None: numba's default, ``NUMBA_NUM_THREADS``).
     """
-    scalar = rewards.dtype.type
-    kernel = _gae_parallel if _use_parallel(rewards.size, num_threads) else _gae_serial
-    kernel(
-        rewards,
-        values,
-        bootstrap_value,
-        terminated,
-        truncated,
-        truncation_values,
-        scalar(gamma),
-        scalar(lam),
-        adv,
-        targets,
-        CHUNK_COLUMNS,
-    )
+    arrays = (rewards, values, bootstrap_value, terminated, truncated, truncation_values)
+    _launch(_GAE_KERNELS, arrays, (gamma, lam), (adv, targets), num_threads)
 
 
 def vtrace_numba(
-    behavior_logp: np.ndarray,
-    target_logp: np.ndarray,
-    rewards: np.ndarray,
-    values: np.ndarray,
-    bootstrap_value: np.ndarray,
-    terminated: np.ndarray,
-    truncated: np.ndarray,
-    truncation_values: np.ndarray,
-    gamma: float,
-    lam: float,
-    rho_clip: float,
-    c_clip: float,
-    pg_adv: np.ndarray,
-    vs: np.ndarray,
-    num_threads: int | None = None,
-) -> None:
+    behavior_logp: np.ndarray, target_logp: np.ndarray, rewards: np.ndarray, values: np.ndarray,
+    bootstrap_value: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, truncation_values: np.ndarray,
+    gamma: float, lam: float, rho_clip: float, c_clip: float,
+    pg_adv: np.ndarray, vs: np.ndarray, num_threads: int | None = None,
+) -> None:  # fmt: skip
     """Write V-trace policy-gradient advantages and ``vs`` targets into ``pg_adv``/``vs``; see ``gae_numba``."""
-    scalar = rewards.dtype.type
-    vs_minus_v = np.empty(rewards.shape[1], dtype=rewards.dtype)  # scratch: vs_{t+1} - V_{t+1} per column
-    kernel = _vtrace_parallel if _use_parallel(rewards.size, num_threads) else _vtrace_serial
-    kernel(
-        behavior_logp,
-        target_logp,
-        rewards,
-        values,
-        bootstrap_value,
-        terminated,
-        truncated,
-        truncation_values,
-        scalar(gamma),
-        scalar(lam),
-        scalar(rho_clip),
-        scalar(c_clip),
-        pg_adv,
-        vs,
-        vs_minus_v,
-        CHUNK_COLUMNS,
-    )
+    arrays = (behavior_logp, target_logp, rewards, values, bootstrap_value, terminated, truncated, truncation_values)
+    _launch(_VTRACE_KERNELS, arrays, (gamma, lam, rho_clip, c_clip), (pg_adv, vs), num_threads)

@@ -57,28 +57,11 @@ def compute_gae(
         ``(advantages, value_targets)``, each ``[T, B]`` in the input dtype on the input device;
         ``value_targets = advantages + values``.
     """
-    floats = {"rewards": rewards, "values": values, "truncation_values": truncation_values}
-    inputs = _validate("compute_gae", floats, bootstrap_value, terminated, truncated)
+    floats = {"rewards": rewards, "values": values}
+    inputs = _validate("compute_gae", floats, bootstrap_value, terminated, truncated, truncation_values)
     _check_unit_interval("gamma", gamma)
     _check_unit_interval("lam", lam)
-    rewards, values, truncation_values = inputs["rewards"], inputs["values"], inputs["truncation_values"]
-    bootstrap_value, terminated, truncated = inputs["bootstrap_value"], inputs["terminated"], inputs["truncated"]
-
-    def run_torch() -> tuple[torch.Tensor, torch.Tensor]:
-        return gae_reference(rewards, values, bootstrap_value, terminated, truncated, truncation_values, gamma, lam)
-
-    def run_kernel(module, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        adv, targets = torch.empty_like(rewards), torch.empty_like(rewards)
-        # A missing truncation_values is never selected (no step is truncated): pass values as a stand-in.
-        filler = values if truncation_values is None else truncation_values
-        args = (rewards, values, bootstrap_value, terminated, truncated, filler)
-        if name == "numba":
-            module.gae_numba(*_as_numpy(args), gamma, lam, *_as_numpy((adv, targets)), torch.get_num_threads())
-        else:
-            module.gae_cuda(*args, gamma, lam, adv, targets)
-        return adv, targets
-
-    return _dispatch("compute_gae", backend, rewards.device, run_torch, run_kernel)
+    return _dispatch("compute_gae", backend, inputs, (gamma, lam))
 
 
 def compute_vtrace(
@@ -113,53 +96,35 @@ def compute_vtrace(
         ``(pg_advantages, vs)``, each ``[T, B]`` in the input dtype on the input device:
         ``pg_adv_t = rho_t * (r_t + gamma * next_vs_t - V_t)`` and the value targets ``vs``.
     """
-    floats = {
-        "rewards": rewards,
-        "values": values,
-        "behavior_logp": behavior_logp,
-        "target_logp": target_logp,
-        "truncation_values": truncation_values,
-    }
-    inputs = _validate("compute_vtrace", floats, bootstrap_value, terminated, truncated)
+    floats = {"behavior_logp": behavior_logp, "target_logp": target_logp, "rewards": rewards, "values": values}
+    inputs = _validate("compute_vtrace", floats, bootstrap_value, terminated, truncated, truncation_values)
     _check_unit_interval("gamma", gamma)
     _check_unit_interval("lam", lam)
     _check_clip("rho_clip", rho_clip)
     _check_clip("c_clip", c_clip)
-    rewards, values, truncation_values = inputs["rewards"], inputs["values"], inputs["truncation_values"]
-    behavior_logp, target_logp = inputs["behavior_logp"], inputs["target_logp"]
-    bootstrap_value, terminated, truncated = inputs["bootstrap_value"], inputs["terminated"], inputs["truncated"]
-    clips = (gamma, lam, rho_clip, c_clip)
-
-    def run_torch() -> tuple[torch.Tensor, torch.Tensor]:
-        args = (behavior_logp, target_logp, rewards, values, bootstrap_value, terminated, truncated)
-        return vtrace_reference(*args, truncation_values, *clips)
-
-    def run_kernel(module, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        pg_adv, vs = torch.empty_like(rewards), torch.empty_like(rewards)
-        filler = values if truncation_values is None else truncation_values
-        args = (behavior_logp, target_logp, rewards, values, bootstrap_value, terminated, truncated, filler)
-        if name == "numba":
-            module.vtrace_numba(*_as_numpy(args), *clips, *_as_numpy((pg_adv, vs)), torch.get_num_threads())
-        else:
-            module.vtrace_cuda(*args, *clips, pg_adv, vs)
-        return pg_adv, vs
-
-    return _dispatch("compute_vtrace", backend, rewards.device, run_torch, run_kernel)
+    return _dispatch("compute_vtrace", backend, inputs, (gamma, lam, rho_clip, c_clip))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Dispatch
 
 
+# Each estimator's implementations take the same positional arguments: the validated inputs in _validate's order,
+# the scalars, and for the kernels the two outputs. Kernels are named, not imported: their backend module is
+# imported on first use.
+_IMPLEMENTATIONS: dict[str, tuple[Callable[..., tuple[torch.Tensor, torch.Tensor]], dict[str, str]]] = {
+    "compute_gae": (gae_reference, {"numba": "gae_numba", "cuda": "launch_gae"}),
+    "compute_vtrace": (vtrace_reference, {"numba": "vtrace_numba", "cuda": "launch_vtrace"}),
+}
+
+
 def _dispatch(
-    func_name: str,
-    backend: str,
-    device: torch.device,
-    run_torch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-    run_kernel: Callable[[object, str], tuple[torch.Tensor, torch.Tensor]],
+    func_name: str, backend: str, inputs: dict[str, torch.Tensor | None], scalars: tuple[float, ...]
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the backend, run the estimator there, and fall back to the torch reference if a kernel fails."""
     if backend not in BACKENDS:
         raise ValueError(f"{func_name}: backend must be one of {BACKENDS}, got {backend!r}")
+    device = inputs["rewards"].device
     is_cuda = device.type == "cuda"
     if backend == "numba" and is_cuda:
         raise ValueError(f"{func_name}: backend='numba' runs on CPU tensors; for {device} tensors use 'cuda' or 'auto'")
@@ -169,11 +134,12 @@ def _dispatch(
     if name == "numba" and device.type != "cpu":
         name = "torch"  # e.g. mps or xpu tensors under "auto": only the reference runs there
     explicit = backend != "auto"
+    reference, kernel_names = _IMPLEMENTATIONS[func_name]
 
     if name != "torch" and name not in _broken_backends:
         try:
             module = _load_backend(name)
-            out = run_kernel(module, name)
+            out = _run_kernel(module, name, kernel_names[name], inputs, scalars)
         except Exception as error:  # import or compile failure of numba: fall back under "auto" only
             if explicit or isinstance(error, (ValueError, torch.OutOfMemoryError)):
                 raise  # the caller asked for this backend, or the error is not the backend's (bad input, OOM)
@@ -191,7 +157,24 @@ def _dispatch(
     elif name in _broken_backends and explicit:
         raise RuntimeError(f"{func_name}: backend {name!r} failed earlier: {_broken_backends[name]}")
     _log_choice(func_name, "torch", backend, device)
-    return run_torch()
+    return reference(*inputs.values(), *scalars)
+
+
+def _run_kernel(
+    module, name: str, kernel_name: str, inputs: dict[str, torch.Tensor | None], scalars: tuple[float, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate the two outputs and run ``module.<kernel_name>`` on them: numba on numpy views, CUDA on tensors."""
+    outputs = (torch.empty_like(inputs["rewards"]), torch.empty_like(inputs["rewards"]))
+    if inputs["truncation_values"] is None:
+        # Never selected (no step is truncated), but the kernels take an array: values stands in.
+        inputs = {**inputs, "truncation_values": inputs["values"]}
+    kernel = getattr(module, kernel_name)
+    if name == "numba":
+        arrays = _as_numpy([*inputs.values(), *outputs])
+        kernel(*arrays[:-2], *scalars, *arrays[-2:], torch.get_num_threads())
+    else:
+        module.launch_on_torch(kernel, *inputs.values(), *scalars, *outputs)
+    return outputs
 
 
 def _load_backend(name: str):
@@ -221,12 +204,14 @@ def _as_numpy(tensors):
 
 def _validate(
     func_name: str,
-    floats: dict[str, torch.Tensor | None],
+    floats: dict[str, torch.Tensor],
     bootstrap_value: torch.Tensor,
     terminated: torch.Tensor,
     truncated: torch.Tensor,
+    truncation_values: torch.Tensor | None,
 ) -> dict[str, torch.Tensor | None]:
-    """Check shapes, dtypes and devices; return detached, contiguous tensors by argument name."""
+    """Check shapes, dtypes and devices; return detached, contiguous tensors by argument name, in the order
+    ``*floats, bootstrap_value, terminated, truncated, truncation_values`` that every implementation takes."""
     rewards = floats["rewards"]
     _check_tensor(func_name, "rewards", rewards)
     if rewards.ndim != 2:
@@ -242,6 +227,7 @@ def _validate(
         ("bootstrap_value", bootstrap_value, (num_envs,), dtype),
         ("terminated", terminated, (num_steps, num_envs), torch.bool),
         ("truncated", truncated, (num_steps, num_envs), torch.bool),
+        ("truncation_values", truncation_values, (num_steps, num_envs), dtype),
     ]
     out: dict[str, torch.Tensor | None] = {}
     for name, tensor, shape, want_dtype in expected:
