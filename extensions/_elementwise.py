@@ -6,11 +6,14 @@ kernels (numba's CUDA simulator runs them as they are). The equations are those 
 operation order, so float64 results match it to rounding. Nothing here imports numba or holds a float literal:
 a float64 literal would promote float32 arithmetic, so every zero comes in as ``zero`` of the input dtype.
 
-numba's on-disk cache checks only the file of the jitted kernel, not this one: after editing this file delete the
-cache (``extensions/__pycache__/*.nbi`` and ``*.nbc``, or ``NUMBA_CACHE_DIR``), or the kernels keep the old maths.
+numba's on-disk cache checks only the file of the jitted kernel, not this one, so both kernel modules call
+``drop_stale_cache`` on import; with ``NUMBA_CACHE_DIR`` set elsewhere, delete that cache after editing this file.
 """
 
 from __future__ import annotations
+
+import glob
+import os
 
 
 def episode_cut(is_terminated, is_truncated, truncation_value, value_after, carried_after, zero):
@@ -43,3 +46,29 @@ def vtrace_step(ratio, reward, value, next_value, carried, gamma, lam, rho_clip,
     next_vs = next_value + carried
     pg_adv = rho * (reward + gamma * next_vs - value)
     return pg_adv, rho * delta + gamma * c * carried
+
+
+def drop_stale_cache(module_file: str, dependency_file: str = __file__) -> int:
+    """Delete numba's on-disk cache entries of ``module_file`` older than ``dependency_file``; return how many.
+
+    numba's cache index checks only the jitted function's own file, so without this an edit of this file (inlined
+    into every kernel of ``_numba_cpu.py`` and ``_numba_cuda.py``) would keep running the old maths from the cache.
+    Both modules call it on import, before any kernel is loaded.
+    Covers numba's default cache location (``__pycache__`` beside the module). Races with another process doing
+    the same are harmless: a missing entry is recompiled.
+    """
+    try:
+        dependency_mtime = os.path.getmtime(dependency_file)
+    except OSError:
+        return 0
+    stem = os.path.splitext(os.path.basename(module_file))[0]
+    pattern = os.path.join(os.path.dirname(module_file), "__pycache__", f"{stem}.*.nb[ic]")
+    dropped = 0
+    for path in glob.glob(pattern):
+        try:
+            if os.path.getmtime(path) < dependency_mtime:
+                os.remove(path)
+                dropped += 1
+        except OSError:
+            pass
+    return dropped

@@ -19,7 +19,10 @@ from llvmlite import ir
 from numba import njit, prange, types, uint64
 from numba.extending import intrinsic, overload
 
+from . import _elementwise
 from ._elementwise import episode_cut, gae_step, vtrace_step
+
+_elementwise.drop_stale_cache(__file__)  # before any kernel is loaded from the cache
 
 # PERF: columns per parallel work item. 1024 float32 columns x 7 arrays ~ 28 KiB per row, so the row t+1 a chunk
 # just wrote is still in L1/L2 when row t reads it. 256..4096 measured within noise at T=64, B=8192.

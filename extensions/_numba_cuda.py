@@ -17,7 +17,10 @@ from collections.abc import Callable
 import numpy as np
 from numba import cuda
 
+from . import _elementwise
 from ._elementwise import episode_cut, gae_step, vtrace_step
+
+_elementwise.drop_stale_cache(__file__)  # before any kernel is loaded from the cache
 
 # PERF: one thread per column gives only B threads in all, so at small B the block size decides how many SMs
 # take part: 256-thread blocks for B >= 32768 (>= 128 blocks), else 64-thread blocks to spread the columns over

@@ -631,3 +631,26 @@ def test_benchmark_cuda_mode_fails_cleanly_without_cuda():
     bench = load_benchmark_module()
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         bench.main(["--device", "cuda"])
+
+
+def test_stale_numba_cache_entries_are_dropped(tmp_path):
+    # numba's cache only watches the kernel's own file; entries older than _elementwise.py must go, newer stay.
+    from sample_fast.extensions._elementwise import drop_stale_cache
+
+    module, dependency = tmp_path / "_numba_cpu.py", tmp_path / "_elementwise.py"
+    module.write_text("")
+    dependency.write_text("")
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    old = [cache / "_numba_cpu._gae_chunks-1.py311.nbi", cache / "_numba_cpu._gae_chunks-1.py311.1.nbc"]
+    new = cache / "_numba_cpu._vtrace_chunks-2.py311.nbi"
+    other = cache / "_numba_cuda._kernel-3.py311.nbi"  # another module's cache is not ours to drop
+    for path in (*old, new, other):
+        path.write_text("")
+    t = dependency.stat().st_mtime
+    for path in (*old, other):
+        os.utime(path, (t - 100, t - 100))
+    os.utime(new, (t + 100, t + 100))
+    assert drop_stale_cache(str(module), str(dependency)) == 2
+    assert not any(p.exists() for p in old) and new.exists() and other.exists()
+    assert drop_stale_cache(str(module), str(tmp_path / "missing.py")) == 0
