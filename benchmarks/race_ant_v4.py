@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sample_fast.benchmark.sample_factory_peer import INSTALL_HINT, kill_tree, repo_root
+from sample_fast.train import git_revision
 
 CONTENDERS = ("sf", "ours")
 LABELS = {"sf": "Sample Factory 2.1.1", "ours": "sample_fast"}
@@ -646,7 +647,7 @@ def machine_facts(args: argparse.Namespace) -> dict[str, Any]:
     }
     for pkg in ("sample-fast", "torch", "mujoco", "numpy"):
         facts[f"ours_{pkg}"] = _version(pkg)
-    facts["ours_git_revision"] = _git_revision()
+    facts["ours_git_revision"] = git_revision()
     try:
         out = subprocess.run(
             [
@@ -673,20 +674,6 @@ def _version(pkg: str) -> str | None:
         return importlib.metadata.version(pkg)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _git_revision() -> str | None:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        out = subprocess.run(
-            ["git", "-C", root, "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 def write_outputs(runs: Sequence[RunResult], args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
