@@ -6,6 +6,8 @@ batch size it times, interleaved round-robin so machine load hits every contende
 * ``ours``: ``sample_fast.envs.make(task, N, backend=...)`` (``--backend mujoco`` by default, 2 threads);
 * ``rollout``: ``mujoco.rollout.Rollout(nthread=2)``, one call per env step, same model (the physical limit for
   MuJoCo C; it computes no ``cfrc_ext``, no observation, no reward, no resets);
+* ``rollout_islands``: the same with MuJoCo's default flags, constraint-island discovery on (``build_model`` skips
+  it for one-tree models: bit-identical results, less work), to show what that option is worth;
 * ``envpool_sync`` / ``envpool_async``: EnvPool's ``<Task>-v5`` with 2 threads (async: ``num_envs=2N``,
   ``batch_size=N``, send/recv);
 * ``gym_sync``: gymnasium's ``SyncVectorEnv`` of ``<Task>-v5``.
@@ -74,13 +76,15 @@ class Ours(Contender):
 
 
 class RawRollout(Contender):
-    def __init__(self, task: str, n: int, num_threads: int, seed: int) -> None:
+    def __init__(self, task: str, n: int, num_threads: int, seed: int, mujoco_defaults: bool = False) -> None:
         import mujoco
         from mujoco import rollout
 
         t = TASKS[task]
-        self.name, self.frame_skip = "rollout", t.frame_skip
+        self.name, self.frame_skip = "rollout_islands" if mujoco_defaults else "rollout", t.frame_skip
         self.model = build_model(t, resolve_options(t, {}, {}))
+        if mujoco_defaults:  # MuJoCo's default: constraint-island discovery on (build_model skips it for one tree)
+            self.model.opt.disableflags &= ~int(mujoco.mjtDisableBit.mjDSBL_ISLAND)
         self.datas = [mujoco.MjData(self.model) for _ in range(num_threads)]
         spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
         d = mujoco.MjData(self.model)
@@ -170,6 +174,7 @@ def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     makers: list[Callable[[], Contender]] = [lambda: Ours(task, n, args.backend, args.num_threads, args.seed)]
     if not args.no_peers:
         makers.append(lambda: RawRollout(task, n, args.num_threads, args.seed))
+        makers.append(lambda: RawRollout(task, n, args.num_threads, args.seed, mujoco_defaults=True))
         makers.append(lambda: EnvPool(task, n, args.num_threads, args.seed, asynchronous=False))
         makers.append(lambda: EnvPool(task, n, args.num_threads, args.seed, asynchronous=True))
         if not args.no_gym:
@@ -217,6 +222,25 @@ def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     out["cpu_efficiency_ratios"] = {
         f"ours/{name}": out["results"][name]["cpu_us_per_step"] / ours_cpu for name in others
     }
+    # Paired by round (each round times every contender back to back, so a load change hits a pair alike): the
+    # median of the per-round ratios, and the share of rounds in which ours was at least 1.1x the peer.
+    ours_r = rates[contenders[0].name]
+    out["paired_ratios"] = {
+        f"ours/{name}": statistics.median(a / b for a, b in zip(ours_r, rates[name], strict=True)) for name in others
+    }
+    out["rounds_at_1_1x"] = {
+        f"ours/{name}": sum(a >= 1.1 * b for a, b in zip(ours_r, rates[name], strict=True)) / len(ours_r)
+        for name in others
+    }
+    # The ceiling: raw stepping of the same model (no cfrc_ext, observation, reward or resets) against each EnvPool
+    # mode (and against the same stepping with MuJoCo's default flags). Ours cannot beat a peer by more than this
+    # without stepping MuJoCo faster than MuJoCo.
+    if "rollout" in rates:
+        out["ceiling"] = {
+            f"rollout/{name}": statistics.median(a / b for a, b in zip(rates["rollout"], rates[name], strict=True))
+            for name in others
+            if name.startswith("envpool") or name == "rollout_islands"
+        }
     return out
 
 
@@ -271,6 +295,20 @@ def to_markdown(report: dict[str, Any]) -> str:
             + ", ".join(f"{k} = {v:.2f}" for k, v in case["cpu_efficiency_ratios"].items()),
             "",
         ]
+        if case.get("paired_ratios"):
+            lines += [
+                "Paired by round (median of per-round ratios; share of rounds >= 1.1x): "
+                + ", ".join(
+                    f"{k} = {v:.3f} ({case['rounds_at_1_1x'][k]:.0%})" for k, v in case["paired_ratios"].items()
+                ),
+                "",
+            ]
+        if case.get("ceiling"):
+            lines += [
+                "Ceiling (raw rollout stepping of our model / the peer, paired by round): "
+                + ", ".join(f"{k} = {v:.3f}" for k, v in case["ceiling"].items()),
+                "",
+            ]
     if report.get("notes"):
         lines += ["## Notes", "", report["notes"], ""]
     return "\n".join(lines)
@@ -313,6 +351,9 @@ def main() -> None:
                 )
             print("  throughput " + ", ".join(f"{k} = {v:.2f}" for k, v in case["ratios"].items()))
             print("  cpu-efficiency " + ", ".join(f"{k} = {v:.2f}" for k, v in case["cpu_efficiency_ratios"].items()))
+            print("  paired " + ", ".join(f"{k} = {v:.3f}" for k, v in case["paired_ratios"].items()))
+            if case.get("ceiling"):
+                print("  ceiling " + ", ".join(f"{k} = {v:.3f}" for k, v in case["ceiling"].items()))
             report["cases"].append(case)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     device = "gpu" if args.backend == "mjx" and torch.cuda.is_available() else "cpu"
