@@ -274,6 +274,39 @@ def session_pids(sid: int) -> list[int]:
     return out
 
 
+_TORCH_SHM = re.compile(r"torch_(\d+)_")  # torch's shared-memory files: /dev/shm/torch_<creator pid>_<...>
+
+
+def remove_orphan_shm(before: set[str], root: str = "/dev/shm") -> list[str]:
+    """Delete torch's shared-memory files that appeared in ``root`` since ``before`` and whose creating process is
+    gone; returns their names. Torch's ``file_system`` sharing strategy (Sample Factory sets it) leaves them behind
+    when its ``torch_shm_manager`` dies with the session we kill. Entries without a pid in the name are left alone:
+    they cannot be told apart from another program's."""
+    try:
+        names = set(os.listdir(root)) - before
+    except OSError:
+        return []
+    removed = []
+    for name in sorted(names):
+        m = _TORCH_SHM.match(name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(root, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def kill_session(sid: int, grace_s: float = 5.0) -> list[int]:
     """SIGTERM every process of session ``sid``, SIGKILL those left after ``grace_s``. Returns those signalled."""
     signalled: list[int] = []
@@ -319,6 +352,7 @@ def race_one(
     result = RunResult(c.name, seed, c.command, tuple(round(x, 2) for x in os.getloadavg()))
     label = run_name(c.name, seed)
     proc = None
+    shm_before = _shm_names()
     with open(c.log_path, "wb") as log_file:
         reader = c.make_reader()
         t0 = time.monotonic()
@@ -356,8 +390,18 @@ def race_one(
             if proc is not None:
                 _stop(proc, c.stop_signal, stop_grace_s)
                 result.returncode = proc.returncode
+                leaked = remove_orphan_shm(shm_before)
+                if leaked:
+                    print(f"race: {label}: removed {len(leaked)} shared-memory files its processes left in /dev/shm")
             reader.close()
     return result
+
+
+def _shm_names(root: str = "/dev/shm") -> set[str]:
+    try:
+        return set(os.listdir(root))
+    except OSError:
+        return set()
 
 
 def _stop(proc: subprocess.Popen, stop_signal: int | None, grace_s: float) -> None:

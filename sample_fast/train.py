@@ -229,20 +229,33 @@ class TrainHooks:
 
 # ----- signals ----------------------------------------------------------------------------------------------------
 class StopOnSignals:
-    """SIGINT/SIGTERM ask the runner to stop (its on_stop hook saves a final checkpoint). A second SIGINT falls back
-    to Python's KeyboardInterrupt. Previous handlers are restored on exit."""
+    """SIGINT/SIGTERM ask the runner to stop (its on_stop hook saves a final checkpoint). A second SIGINT, more than
+    ``duplicate_s`` after the first, falls back to Python's KeyboardInterrupt (``main`` turns it into exit status 130
+    without a traceback). One within ``duplicate_s`` is taken as the same interrupt delivered twice: ``timeout -s INT``
+    signals the command and then its whole process group, so the main process gets it twice within microseconds.
+    Previous handlers are restored on exit."""
 
-    def __init__(self, runner):
+    def __init__(self, runner, duplicate_s: float = 0.5):
         self.runner = runner
+        self.duplicate_s = duplicate_s
         self.received: list[str] = []
+        self._first_t = 0.0
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
+        now = time.monotonic()
+        if self.received and now - self._first_t < self.duplicate_s:
+            return
         self.received.append(name)
         if signum == signal.SIGINT and len(self.received) > 1:
             raise KeyboardInterrupt
-        print(f"\n{name} received: stopping after the current step and saving a checkpoint", file=sys.stderr)
+        self._first_t = now
+        print(
+            f"\n{name} received: stopping after the current step and saving a checkpoint "
+            "(Ctrl-C again stops at once, without it)",
+            file=sys.stderr,
+        )
         self.runner.request_stop()
 
     def __enter__(self) -> StopOnSignals:
@@ -366,6 +379,13 @@ def _hydra_entry() -> None:
         except ConfigError as e:
             print(f"config error: {e}", file=sys.stderr)
             sys.exit(2)
+        except KeyboardInterrupt:  # a second Ctrl-C: the runner has stopped its processes on the way out
+            print(
+                "interrupted: stopped without a final checkpoint; the checkpoints already saved are kept, and the "
+                "same command resumes from the newest",
+                file=sys.stderr,
+            )
+            sys.exit(130)
 
     _main()
 

@@ -276,6 +276,24 @@ def test_race_one_stops_sf_at_the_threshold_and_kills_its_orphans(tmp_path):
     assert race.session_pids(r.pid) == []
 
 
+def test_remove_orphan_shm_deletes_only_new_torch_files_of_dead_pids(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    names = {
+        "old": f"torch_{dead.pid}_old_0",  # there before: not ours to judge
+        "dead": f"torch_{dead.pid}_123_4",  # new, its creator is gone: removed
+        "live": f"torch_{os.getpid()}_55_1",  # new, its creator runs: kept
+        "sem": "sem.mp-abc",  # new, no pid in the name: kept
+    }
+    (tmp_path / names["old"]).write_bytes(b"x")
+    before = set(os.listdir(tmp_path))
+    for key in ("dead", "live", "sem"):
+        (tmp_path / names[key]).write_bytes(b"x")
+    assert race.remove_orphan_shm(before, root=str(tmp_path)) == [names["dead"]]
+    assert sorted(os.listdir(tmp_path)) == sorted([names["old"], names["live"], names["sem"]])
+    assert race.remove_orphan_shm(before, root=str(tmp_path / "missing")) == []
+
+
 @pytest.mark.timeout(60)
 def test_race_one_sigints_ours_and_times_out_below_the_threshold(tmp_path):
     csv_path = str(tmp_path / "progress.csv")

@@ -209,14 +209,16 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _signal_run(tmp_path: Path, mode: str, sig: signal.Signals) -> None:
+def _signal_run(tmp_path: Path, mode: str, sig: signal.Signals, group: bool = False) -> None:
+    """Signal a training run once under way. ``group``: as ``timeout -s SIG`` does, signal the main process and then
+    its whole process group (the sampler included), so the main process gets the signal twice at once."""
     rdir = tmp_path / "run"
     log_path = tmp_path / "stderr.txt"
     with open(log_path, "w") as err:
         proc = subprocess.Popen(
             [PYTHON, "-m", "sample_fast.train", "env=toy", f"run.mode={mode}", "run.total_env_steps=1e9",
              f"run.dir={rdir}", "logging.interval_s=0.3", "logging.tensorboard=false"],
-            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err,
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err, start_new_session=group,
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 150
@@ -228,6 +230,8 @@ def _signal_run(tmp_path: Path, mode: str, sig: signal.Signals) -> None:
             if mode == "async":
                 assert children, "the async sampler process is missing"
             proc.send_signal(sig)
+            if group:
+                os.killpg(proc.pid, sig)
             rc = proc.wait(timeout=60)
         finally:
             if proc.poll() is None:
@@ -236,6 +240,7 @@ def _signal_run(tmp_path: Path, mode: str, sig: signal.Signals) -> None:
     text = log_path.read_text()
     assert rc == 0, text[-3000:]
     assert f"{sig.name} received" in text
+    assert "Traceback" not in text, text[-3000:]
     rows = read_csv(str(rdir / "progress.csv"))
     state, _ = CheckpointManager(rdir).load_latest()
     assert state["env_steps"] == rows[-1]["env_steps"] > 0  # the final checkpoint is at the last step
@@ -255,6 +260,49 @@ def test_sigterm_saves_final_checkpoint_async(tmp_path):
 @pytest.mark.timeout(240)
 def test_sigint_saves_final_checkpoint_serial(tmp_path):
     _signal_run(tmp_path, "serial", signal.SIGINT)
+
+
+@pytest.mark.timeout(240)
+def test_sigint_to_the_process_group_is_one_stop_request(tmp_path):
+    """``timeout -s INT`` (and Ctrl-C in a terminal) reach every process of the group: still a graceful stop."""
+    _signal_run(tmp_path, "async", signal.SIGINT, group=True)
+
+
+class _FakeRunner:
+    def __init__(self) -> None:
+        self.stop_requests = 0
+
+    def request_stop(self) -> None:
+        self.stop_requests += 1
+
+
+def test_stop_on_signals_duplicate_then_second_sigint():
+    runner = _FakeRunner()
+    with train_mod.StopOnSignals(runner, duplicate_s=60.0) as stopper:
+        assert signal.getsignal(signal.SIGINT) == stopper._handle
+        stopper._handle(signal.SIGINT, None)
+        stopper._handle(signal.SIGINT, None)  # the same interrupt delivered twice: ignored
+        assert runner.stop_requests == 1 and stopper.received == ["SIGINT"]
+        stopper.duplicate_s = 0.0
+        stopper._handle(signal.SIGTERM, None)  # a later SIGTERM asks again, never forces
+        assert runner.stop_requests == 2
+        with pytest.raises(KeyboardInterrupt):  # a real second Ctrl-C stops at once
+            stopper._handle(signal.SIGINT, None)
+        assert runner.stop_requests == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_second_ctrl_c_exits_130_without_traceback(monkeypatch, capsys):
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_mod, "train", interrupted)
+    monkeypatch.setattr(sys, "argv", ["sample_fast.train", "env=toy"])
+    with pytest.raises(SystemExit) as exc:
+        train_mod.main()
+    assert exc.value.code == 130
+    err = capsys.readouterr().err
+    assert "interrupted: stopped without a final checkpoint" in err and "Traceback" not in err
 
 
 def test_restart_moves_the_old_run_aside(tmp_path):
