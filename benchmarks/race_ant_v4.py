@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sample_fast.benchmark.sample_factory_peer import INSTALL_HINT, kill_tree, repo_root
+from sample_fast.procs import pid_alive, shm_entries
 from sample_fast.train import git_revision
 
 CONTENDERS = ("sf", "ours")
@@ -279,9 +280,9 @@ _TORCH_SHM = re.compile(r"torch_(\d+)_")  # torch's shared-memory files: /dev/sh
 
 def remove_orphan_shm(before: set[str], root: str = "/dev/shm") -> list[str]:
     """Delete torch's shared-memory files that appeared in ``root`` since ``before`` and whose creating process is
-    gone; returns their names. Torch's ``file_system`` sharing strategy (Sample Factory sets it) leaves them behind
-    when its ``torch_shm_manager`` dies with the session we kill. Entries without a pid in the name are left alone:
-    they cannot be told apart from another program's."""
+    gone; returns their names. A contender killed with its session can leave them (under torch's ``file_system``
+    sharing strategy its ``torch_shm_manager`` dies with it; an earlier race left 15 per run). Entries without a pid
+    in the name are left alone: they cannot be told apart from another program's."""
     try:
         names = set(os.listdir(root)) - before
     except OSError:
@@ -289,7 +290,7 @@ def remove_orphan_shm(before: set[str], root: str = "/dev/shm") -> list[str]:
     removed = []
     for name in sorted(names):
         m = _TORCH_SHM.match(name)
-        if m is None or _pid_alive(int(m.group(1))):
+        if m is None or pid_alive(int(m.group(1))):
             continue
         try:
             os.unlink(os.path.join(root, name))
@@ -297,14 +298,6 @@ def remove_orphan_shm(before: set[str], root: str = "/dev/shm") -> list[str]:
         except FileNotFoundError:
             pass
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def kill_session(sid: int, grace_s: float = 5.0) -> list[int]:
@@ -352,7 +345,7 @@ def race_one(
     result = RunResult(c.name, seed, c.command, tuple(round(x, 2) for x in os.getloadavg()))
     label = run_name(c.name, seed)
     proc = None
-    shm_before = _shm_names()
+    shm_before = shm_entries()
     with open(c.log_path, "wb") as log_file:
         reader = c.make_reader()
         t0 = time.monotonic()
@@ -395,13 +388,6 @@ def race_one(
                     print(f"race: {label}: removed {len(leaked)} shared-memory files its processes left in /dev/shm")
             reader.close()
     return result
-
-
-def _shm_names(root: str = "/dev/shm") -> set[str]:
-    try:
-        return set(os.listdir(root))
-    except OSError:
-        return set()
 
 
 def _stop(proc: subprocess.Popen, stop_signal: int | None, grace_s: float) -> None:

@@ -230,27 +230,27 @@ class TrainHooks:
 # ----- signals ----------------------------------------------------------------------------------------------------
 class StopOnSignals:
     """SIGINT/SIGTERM ask the runner to stop (its on_stop hook saves a final checkpoint). A second SIGINT, more than
-    ``duplicate_s`` after the first, falls back to Python's KeyboardInterrupt (``main`` turns it into exit status 130
-    without a traceback). One within ``duplicate_s`` is taken as the same interrupt delivered twice: ``timeout -s INT``
-    signals the command and then its whole process group, so the main process gets it twice within microseconds.
-    Previous handlers are restored on exit."""
+    ``duplicate_s`` after the previous signal, falls back to Python's KeyboardInterrupt (``main`` turns it into exit
+    status 130 without a traceback). A signal within ``duplicate_s`` of the previous one is the same interrupt
+    delivered twice: ``timeout -s INT`` signals the command and then its whole process group, so the main process
+    gets it twice within microseconds. Previous handlers are restored on exit."""
 
     def __init__(self, runner, duplicate_s: float = 0.5):
         self.runner = runner
         self.duplicate_s = duplicate_s
         self.received: list[str] = []
-        self._first_t = 0.0
+        self._last_t = 0.0
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         now = time.monotonic()
-        if self.received and now - self._first_t < self.duplicate_s:
+        if self.received and now - self._last_t < self.duplicate_s:
             return
         self.received.append(name)
         if signum == signal.SIGINT and len(self.received) > 1:
             raise KeyboardInterrupt
-        self._first_t = now
+        self._last_t = now
         print(
             f"\n{name} received: stopping after the current step and saving a checkpoint "
             "(Ctrl-C again stops at once, without it)",
