@@ -314,7 +314,7 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 repeat of ~0.3 s per contender (smoke run)")
     p.add_argument("--envs", nargs="+", default=["ant"], choices=sorted(TASKS), help="tasks")
@@ -329,7 +329,7 @@ def main() -> None:
     p.add_argument("--no-gym", action="store_true", help="skip gymnasium SyncVectorEnv (slow)")
     p.add_argument("--out", default=None, help="output stem (default benchmarks/results/envs_<cpu|gpu>)")
     p.add_argument("--notes", default="", help="free text added to the markdown report")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.seconds, args.warmup_steps = 1, 0.3, 5
     report: dict[str, Any] = {

@@ -1,0 +1,44 @@
+"""benchmarks/bench_envs.py runs end to end and reports consistent ratios (a smoke run, not a speed test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+
+def _load():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_envs.py"
+    spec = importlib.util.spec_from_file_location("bench_envs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(180)
+def test_bench_envs_quick_run_writes_consistent_ratios(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MuJoCo may write MUJOCO_LOG.TXT into the working directory
+    bench = _load()
+    stem = tmp_path / "envs"
+    bench.main(["--quick", "--num-envs", "4", "--no-gym", "--out", str(stem)])
+    report = json.loads(stem.with_suffix(".json").read_text())
+    (case,) = report["cases"]
+    results = case["results"]
+    assert {"ours_mujoco", "rollout", "rollout_islands", "envpool_sync", "envpool_async"} <= set(results)
+    assert all(r["median"] > 0 and r["cpu_us_per_step"] > 0 for r in results.values())
+    for name, r in results.items():
+        if name != "ours_mujoco":
+            ratio = results["ours_mujoco"]["median"] / r["median"]
+            assert case["ratios"][f"ours/{name}"] == pytest.approx(ratio)
+            # one round: the paired ratio is that round's ratio, which is the ratio of the medians
+            assert case["paired_ratios"][f"ours/{name}"] == pytest.approx(ratio)
+            assert case["rounds_at_1_1x"][f"ours/{name}"] == float(ratio >= 1.1)
+    ceiling = case["ceiling"]
+    assert set(ceiling) == {"rollout/rollout_islands", "rollout/envpool_sync", "rollout/envpool_async"}
+    assert ceiling["rollout/envpool_sync"] == pytest.approx(
+        results["rollout"]["median"] / results["envpool_sync"]["median"]
+    )
+    text = stem.with_suffix(".md").read_text()
+    assert "Paired by round" in text and "Ceiling" in text and "| rollout_islands |" in text
