@@ -62,9 +62,10 @@ def skip_island_discovery(model: mujoco.MjModel) -> bool:
     on by default. A model whose moving bodies form one kinematic tree (``ntree <= 1``: every task here, and most
     single robots against a static world) has at most one island, so the discovery is pure overhead: 5-9% of an env
     step's physics on the five tasks (Ant 209 -> 192 µs per agent step), with bit-identical states and ``cfrc_ext``
-    (tests/test_env_physics.py). Models with several trees (a robot and free objects) keep it.
+    (tests/test_env_physics.py). Models with several trees (a robot and free objects) keep it, and so do models with
+    sleeping enabled (``mjENBL_SLEEP``), which MuJoCo decides per island.
     """
-    if model.ntree > 1:
+    if model.ntree > 1 or model.opt.enableflags & int(mujoco.mjtEnableBit.mjENBL_SLEEP):
         return False
     model.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_ISLAND)
     return True

@@ -22,6 +22,17 @@ TWO_FREE_BOXES = """
 """
 
 
+ONE_SLEEPING_BOX = """
+<mujoco>
+  <option><flag sleep="enable"/></option>
+  <worldbody>
+    <geom name="floor" type="plane" size="5 5 0.1"/>
+    <body pos="0 0 1"><freejoint/><geom type="box" size=".1 .1 .1"/></body>
+  </worldbody>
+</mujoco>
+"""
+
+
 def test_discovery_is_skipped_only_where_there_is_one_tree():
     for name, task in TASKS.items():
         model = build_model(task, resolve_options(task, {}, {}))
@@ -29,6 +40,9 @@ def test_discovery_is_skipped_only_where_there_is_one_tree():
     two = mujoco.MjModel.from_xml_string(TWO_FREE_BOXES)
     assert two.ntree == 2
     assert not skip_island_discovery(two) and not two.opt.disableflags & ISLAND  # two islands are possible: kept
+    sleepy = mujoco.MjModel.from_xml_string(ONE_SLEEPING_BOX)
+    assert sleepy.ntree == 1 and sleepy.opt.enableflags & int(mujoco.mjtEnableBit.mjENBL_SLEEP)
+    assert not skip_island_discovery(sleepy) and not sleepy.opt.disableflags & ISLAND  # sleeping works per island
     with make("ant", 2, backend="mujoco") as env:  # what the backend steps
         assert env.model.opt.disableflags & ISLAND
 
