@@ -598,19 +598,9 @@ def test_cuda_kernel_matches_reference_on_gpu():
 # Benchmark script
 
 
-def load_benchmark_module():
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_advantages.py"
-    spec = importlib.util.spec_from_file_location("bench_advantages", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.timeout(120)
-def test_benchmark_runs_and_writes_results(tmp_path):
-    bench = load_benchmark_module()
+def test_benchmark_runs_and_writes_results(tmp_path, load_bench):
+    bench = load_bench("bench_advantages")
     threads = torch.get_num_threads()
     try:
         assert bench.main(["--quick", "--num-steps", "8", "--num-envs", "64", "--out", str(tmp_path / "r")]) == 0
@@ -627,8 +617,8 @@ def test_benchmark_runs_and_writes_results(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure path without CUDA")
-def test_benchmark_cuda_mode_fails_cleanly_without_cuda():
-    bench = load_benchmark_module()
+def test_benchmark_cuda_mode_fails_cleanly_without_cuda(load_bench):
+    bench = load_bench("bench_advantages")
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         bench.main(["--device", "cuda"])
 

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 
-def _load():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_envs.py"
-    spec = importlib.util.spec_from_file_location("bench_envs", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.timeout(180)
-def test_bench_envs_quick_run_writes_consistent_ratios(tmp_path, monkeypatch):
+def test_bench_envs_quick_run_writes_consistent_ratios(tmp_path, monkeypatch, load_bench):
     monkeypatch.chdir(tmp_path)  # MuJoCo may write MUJOCO_LOG.TXT into the working directory
-    bench = _load()
+    bench = load_bench("bench_envs")
     stem = tmp_path / "envs"
     bench.main(["--quick", "--num-envs", "4", "--no-gym", "--out", str(stem)])
     report = json.loads(stem.with_suffix(".json").read_text())
