@@ -225,9 +225,7 @@ def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     # Paired by round (each round times every contender back to back, so a load change hits a pair alike): the
     # median of the per-round ratios, and the share of rounds in which ours was at least 1.1x the peer.
     ours_r = rates[contenders[0].name]
-    out["paired_ratios"] = {
-        f"ours/{name}": statistics.median(a / b for a, b in zip(ours_r, rates[name], strict=True)) for name in others
-    }
+    out["paired_ratios"] = {f"ours/{name}": _paired_median(ours_r, rates[name]) for name in others}
     out["rounds_at_1_1x"] = {
         f"ours/{name}": sum(a >= 1.1 * b for a, b in zip(ours_r, rates[name], strict=True)) / len(ours_r)
         for name in others
@@ -237,11 +235,16 @@ def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     # without stepping MuJoCo faster than MuJoCo.
     if "rollout" in rates:
         out["ceiling"] = {
-            f"rollout/{name}": statistics.median(a / b for a, b in zip(rates["rollout"], rates[name], strict=True))
+            f"rollout/{name}": _paired_median(rates["rollout"], rates[name])
             for name in others
             if name.startswith("envpool") or name == "rollout_islands"
         }
     return out
+
+
+def _paired_median(a: list[float], b: list[float]) -> float:
+    """Median over rounds of ``a[k] / b[k]`` (both timed in round k)."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 def machine_info() -> dict[str, Any]:
