@@ -58,12 +58,12 @@ def build_model(task: TaskDef, opts: dict[str, Any], xml: str | None = None) -> 
 def skip_island_discovery(model: mujoco.MjModel) -> bool:
     """Turn off MuJoCo's constraint-island discovery where it cannot find more than one island; True if it did.
 
-    PERF: MuJoCo (>= 3.x; 4.0 here) partitions the constraints into islands of kinematic trees before each solve,
-    on by default. A model whose moving bodies form one kinematic tree (``ntree <= 1``: every task here, and most
-    single robots against a static world) has at most one island, so the discovery is pure overhead: 5-9% of an env
-    step's physics on the five tasks (Ant 209 -> 192 µs per agent step), with bit-identical states and ``cfrc_ext``
-    (tests/test_env_physics.py). Models with several trees (a robot and free objects) keep it, and so do models with
-    sleeping enabled (``mjENBL_SLEEP``), which MuJoCo decides per island.
+    PERF: MuJoCo (on by default since 3.3.6; 4.0 here) partitions the constraints into islands of kinematic trees
+    before each solve. A model whose moving bodies form one kinematic tree (``ntree <= 1``: every task here, and
+    most single robots against a static world) has at most one island, so the discovery is pure overhead: 3-8% of
+    an env step's physics on the five tasks (Ant 200 -> 187 µs per agent step; benchmarks/bench_islands.py), with
+    bit-identical states and ``cfrc_ext`` (tests/test_env_physics.py). Models with several trees (a robot and free
+    objects) keep it, and so do models with sleeping enabled (``mjENBL_SLEEP``), which MuJoCo decides per island.
     """
     if model.ntree > 1 or model.opt.enableflags & int(mujoco.mjtEnableBit.mjENBL_SLEEP):
         return False

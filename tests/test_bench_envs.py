@@ -1,4 +1,5 @@
-"""benchmarks/bench_envs.py runs end to end and reports consistent ratios (a smoke run, not a speed test)."""
+"""benchmarks/bench_envs.py and bench_islands.py run end to end and report consistent figures (smoke runs, not speed
+tests)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,16 @@ def test_bench_envs_quick_run_writes_consistent_ratios(tmp_path, monkeypatch, lo
     )
     text = stem.with_suffix(".md").read_text()
     assert "Paired by round" in text and "Ceiling" in text and "| rollout_islands |" in text
+
+
+@pytest.mark.timeout(120)
+def test_bench_islands_quick_run(tmp_path, load_bench):
+    bench = load_bench("bench_islands")
+    stem = tmp_path / "islands"
+    args = ["--envs", "hopper", "--rounds", "2", "--num-envs", "2", "--num-steps", "20", "--out", str(stem)]
+    report = bench.main(args)
+    row = json.loads(stem.with_suffix(".json").read_text())["tasks"]["hopper"]
+    assert row == report["tasks"]["hopper"]
+    assert row["bit_identical"] and row["ntree"] == 1  # the benchmark's own check agrees with tests/test_env_physics.py
+    assert row["skipped_us"] > 0 and row["default_us"] > 0 and row["speedup"] > 0
+    assert "| hopper |" in stem.with_suffix(".md").read_text()
