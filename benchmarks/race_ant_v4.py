@@ -88,6 +88,8 @@ class RunResult:
     returncode: int | None = None
     wall_s: float = 0.0  #: launch -> stop requested (or exit)
     pid: int | None = None  #: the trainer's main process, also its session id
+    attempt: int = 1  #: 1 for the first try of this contender x seed; more after a run was discarded as disturbed
+    quiet_before: dict[str, Any] | None = None  #: sample_fast.benchmark.quiet.QuietCheck.as_dict() before launch
 
     @property
     def reached(self) -> bool:
@@ -97,6 +99,11 @@ class RunResult:
     def median_fps(self) -> float:
         fps = [p.fps for p in self.curve if math.isfinite(p.fps) and p.fps > 0]
         return statistics.median(fps) if fps else math.nan
+
+    @property
+    def avg_fps(self) -> float:
+        """The run's average env steps/s from its own reports (see ``average_fps``)."""
+        return average_fps(self.curve)
 
     @property
     def best_return(self) -> float:
@@ -208,6 +215,19 @@ def _float(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+
+
+def average_fps(curve: Sequence[CurvePoint], min_span_s: float = 5.0) -> float:
+    """Average env steps/s between a run's first and last report: (steps_last - steps_first) / (t_last - t_first).
+
+    Both contenders are measured the same way, by the race's own clock on their own step counters, with start-up
+    (before the first report) left out. Sample Factory's 10-s FPS figure is no substitute: it moves in steps of
+    4096 frames, so short runs all show the same value. NaN when the reports span less than ``min_span_s``.
+    """
+    pts = [p for p in curve if math.isfinite(p.env_steps) and math.isfinite(p.launch_s)]
+    if len(pts) < 2 or pts[-1].launch_s - pts[0].launch_s < min_span_s:
+        return math.nan
+    return (pts[-1].env_steps - pts[0].env_steps) / (pts[-1].launch_s - pts[0].launch_s)
 
 
 # ----- the threshold, medians and the verdict -----------------------------------------------------------------------
@@ -511,7 +531,7 @@ def read_curve(path: str) -> list[CurvePoint]:
         return [CurvePoint(*(_float(row[c]) for c in CURVE_COLUMNS)) for row in csv.DictReader(f)]
 
 
-def run_record(r: RunResult) -> dict[str, Any]:
+def run_record(r: RunResult, csv_name: str | None = None) -> dict[str, Any]:
     """A run as JSON (inf becomes null; its curve is in <run>.csv beside summary.json)."""
     return {
         "contender": r.contender,
@@ -523,12 +543,15 @@ def run_record(r: RunResult) -> dict[str, Any]:
         "stop_reason": r.stop_reason,
         "returncode": r.returncode,
         "wall_s": round(r.wall_s, 3),
+        "avg_fps": _json_num(r.avg_fps),
         "median_fps": _json_num(r.median_fps),
         "best_return": _json_num(r.best_return),
         "num_reports": len(r.curve),
         "load_before": list(r.load_before),
+        "quiet_before": r.quiet_before,
+        "attempt": r.attempt,
         "command": r.command,
-        "curve_csv": run_name(r.contender, r.seed) + ".csv",
+        "curve_csv": csv_name or run_name(r.contender, r.seed) + ".csv",
     }
 
 
@@ -538,6 +561,7 @@ def run_from_record(rec: dict[str, Any], out_dir: str) -> RunResult:
     r.time_to_threshold_s = math.inf if rec["time_to_threshold_s"] is None else rec["time_to_threshold_s"]
     r.steps_at_threshold, r.stop_reason = rec["steps_at_threshold"], rec["stop_reason"]
     r.returncode, r.wall_s = rec["returncode"], rec["wall_s"]
+    r.attempt, r.quiet_before = rec.get("attempt", 1), rec.get("quiet_before")
     curve_path = os.path.join(out_dir, rec["curve_csv"])
     r.curve = read_curve(curve_path) if os.path.exists(curve_path) else []
     return r
@@ -552,18 +576,35 @@ def _json_num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else round(x, 3)
 
 
-def build_summary(runs: Sequence[RunResult], args: argparse.Namespace, machine: dict[str, Any]) -> dict[str, Any]:
+def build_summary(
+    runs: Sequence[RunResult],
+    args: argparse.Namespace,
+    machine: dict[str, Any],
+    solo: dict[str, RunResult] | None = None,
+    discarded: Sequence[RunResult] = (),
+) -> dict[str, Any]:
+    """summary.json's content. ``solo``: each contender's solo run (its ``avg_fps`` is the reference a race run is
+    checked against); ``discarded``: race runs thrown away for running more than ``--max-slowdown`` below it."""
     by = {c: sorted((r for r in runs if r.contender == c), key=lambda r: r.seed) for c in CONTENDERS}
+    solo = solo or {}
     v = verdict(by["ours"], by["sf"])
-    return {
+    out = {
         "threshold": args.threshold,
         "timeout_s": args.timeout_s,
         "sf_env_steps": args.sf_env_steps,
         "ours_env_steps": args.ours_env_steps,
         "ours_overrides": args.ours_overrides,
         "seeds": sorted({r.seed for r in runs}),
-        "runs": [run_record(r) for c in CONTENDERS for r in by[c]],
-        "contenders": {
+        "solo_s": args.solo_s,
+        "max_slowdown": args.max_slowdown,
+    }
+    for c in CONTENDERS:
+        out[f"{c}_solo_fps"] = _json_num(solo[c].avg_fps) if c in solo else None
+    out.update(
+        runs=[run_record(r) for c in CONTENDERS for r in by[c]],
+        solo_runs=[run_record(solo[c], f"solo_{c}.csv") for c in CONTENDERS if c in solo],
+        discarded_runs=[run_record(r, f"{run_name(r.contender, r.seed)}_attempt{r.attempt}.csv") for r in discarded],
+        contenders={
             c: {
                 "label": LABELS[c],
                 "median_time_to_threshold_s": _json_num(v[f"{c}_median_s"]),
@@ -571,56 +612,88 @@ def build_summary(runs: Sequence[RunResult], args: argparse.Namespace, machine: 
                 "num_reached": v[f"{c}_num_reached"],
                 "num_runs": v[f"{c}_num_runs"],
                 "median_fps": _json_num(median_time([r.median_fps for r in by[c] if math.isfinite(r.median_fps)])),
+                "median_avg_fps": _json_num(median_time([r.avg_fps for r in by[c] if math.isfinite(r.avg_fps)])),
+                "solo_fps": out[f"{c}_solo_fps"],
             }
             for c in CONTENDERS
         },
-        "ratio_ours_over_sf": None if v["ratio"] is None else round(v["ratio"], 4),
-        "max_ratio": v["max_ratio"],
-        "bar_met": v["met"],
-        "verdict": v["verdict"],
-        "machine": machine,
-    }
+        ratio_ours_over_sf=None if v["ratio"] is None else round(v["ratio"], 4),
+        max_ratio=v["max_ratio"],
+        bar_met=v["met"],
+        verdict=v["verdict"],
+        machine=machine,
+    )
+    return out
 
 
 def _fmt_s(x: float | None) -> str:
     return "not reached" if x is None else f"{x:.0f} s"
 
 
+def _fmt_num(x: float | None, fmt: str = ".0f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _share_of_solo(fps: float | None, solo: float | None) -> str:
+    return "" if fps is None or not solo else f" ({fps / solo:.0%} of solo)"
+
+
+def _quiet_cell(q: dict[str, Any] | None) -> str:
+    if not q:
+        return ""
+    busy = q.get("busy_fraction")
+    cell = "n/a" if busy is None or not math.isfinite(busy) else f"{busy:.0%}"
+    return cell + ("" if q.get("quiet") else " (not quiet)")
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
-    """summary.md: the verdict, a table per run and per contender, the commands and the machine."""
+    """summary.md: the verdict, the solo figures, a table per contender and per run, the commands and the machine."""
     lines = [
         f"# Ant-v4 learning race: wall-clock seconds to a mean return >= {summary['threshold']:g}",
         "",
         f"Verdict: **{summary['verdict']}** (the bar: sample_fast's median <= {summary['max_ratio']:g} x Sample "
         "Factory's median; a run that never reached the threshold counts as +inf).",
         "",
-        "| contender | median time to threshold | reached | ratio ours/SF | median FPS |",
-        "| --- | --- | --- | --- | --- |",
+        "Fairness: each contender ran alone, one after the other, after the race waited for the CPUs to be idle "
+        "(busy share over a few seconds of /proc/stat, and no leftover trainer processes). Each was first measured "
+        f"solo for {summary.get('solo_s') or 0:g} s with the race's settings; a race run whose average env steps/s "
+        f"fell more than {summary.get('max_slowdown', 0):.0%} below its contender's solo figure was discarded and "
+        "rerun (discarded runs are listed below). Average env steps/s = (steps at the last report - steps at the "
+        "first) / (time between them), from each trainer's own step counter.",
+        "",
+        "| contender | median time to threshold | reached | ratio ours/SF | median avg env steps/s | "
+        "solo env steps/s |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     ratio = summary["ratio_ours_over_sf"]
     for c, s in summary["contenders"].items():
         med = _fmt_s(s["median_time_to_threshold_s"])
         if s["median_time_to_threshold_s"] is None and s["median_lower_bound_s"] is not None and s["num_runs"]:
             med += f" (> {s['median_lower_bound_s']:.0f} s)"
-        fps = "n/a" if s["median_fps"] is None else f"{s['median_fps']:.0f}"
         r = "" if c == "sf" else ("n/a" if ratio is None else f"{ratio:.2f}")
-        lines.append(f"| {s['label']} | {med} | {s['num_reached']}/{s['num_runs']} | {r} | {fps} |")
+        avg, solo_fps = _fmt_num(s.get("median_avg_fps")), _fmt_num(s.get("solo_fps"))
+        lines.append(f"| {s['label']} | {med} | {s['num_reached']}/{s['num_runs']} | {r} | {avg} | {solo_fps} |")
     lines += [
         "",
         "| run | time to threshold | env steps then | trainer wall_s then | stopped by | best mean return | "
-        "median FPS | load before (1/5/15 min) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "avg env steps/s | attempt | CPU busy before | load before (1/5/15 min) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in summary["runs"]:
-        steps = "" if r["steps_at_threshold"] is None else f"{r['steps_at_threshold'] / 1e6:.2f}M"
-        tw = "" if r["trainer_wall_s_at_threshold"] is None else f"{r['trainer_wall_s_at_threshold']:.0f} s"
-        best = "n/a" if r["best_return"] is None else f"{r['best_return']:.0f}"
-        fps = "n/a" if r["median_fps"] is None else f"{r['median_fps']:.0f}"
-        load = "/".join(f"{x:.2f}" for x in r["load_before"])
-        lines.append(
-            f"| {run_name(r['contender'], r['seed'])} | {_fmt_s(r['time_to_threshold_s'])} | {steps} | {tw} | "
-            f"{r['stop_reason']} (after {r['wall_s']:.0f} s) | {best} | {fps} | {load} |"
-        )
+    solo_fps = {c: s.get("solo_fps") for c, s in summary["contenders"].items()}
+    tables = [("", summary["runs"]), ("solo ", summary.get("solo_runs", [])),
+              ("discarded ", summary.get("discarded_runs", []))]  # fmt: skip
+    for prefix, records in tables:
+        for r in records:
+            steps = "" if r["steps_at_threshold"] is None else f"{r['steps_at_threshold'] / 1e6:.2f}M"
+            tw = "" if r["trainer_wall_s_at_threshold"] is None else f"{r['trainer_wall_s_at_threshold']:.0f} s"
+            avg = r.get("avg_fps")
+            fps = _fmt_num(avg) + _share_of_solo(avg, solo_fps.get(r["contender"]))
+            load = "/".join(f"{x:.2f}" for x in r["load_before"])
+            lines.append(
+                f"| {prefix}{run_name(r['contender'], r['seed'])} | {_fmt_s(r['time_to_threshold_s'])} | {steps} | "
+                f"{tw} | {r['stop_reason']} (after {r['wall_s']:.0f} s) | {_fmt_num(r['best_return'])} | {fps} | "
+                f"{r.get('attempt', 1)} | {_quiet_cell(r.get('quiet_before'))} | {load} |"
+            )
     m = summary["machine"]
     lines += ["", "Commands (the race's clock starts at launch, so start-up counts for both):", ""]
     lines += [f"    {shlex.join(r['command'])}" for r in summary["runs"]]
@@ -706,9 +779,15 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-def write_outputs(runs: Sequence[RunResult], args: argparse.Namespace, out_dir: str) -> dict[str, Any]:
+def write_outputs(
+    runs: Sequence[RunResult],
+    args: argparse.Namespace,
+    out_dir: str,
+    solo: dict[str, RunResult] | None = None,
+    discarded: Sequence[RunResult] = (),
+) -> dict[str, Any]:
     """summary.json, summary.md and curves.png in ``out_dir`` (the per-run CSVs are written as runs finish)."""
-    summary = build_summary(runs, args, machine_facts(args))
+    summary = build_summary(runs, args, machine_facts(args), solo, discarded)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     text = summary_markdown(summary)
@@ -727,52 +806,160 @@ def plan(seeds: Sequence[int], only: str | None) -> list[tuple[str, int]]:
 
 def previous_runs(out_dir: str, threshold: float, skip: set[tuple[str, int]]) -> list[RunResult]:
     """Runs recorded in ``out_dir``/summary.json at the same threshold that this invocation does not redo."""
-    path = os.path.join(out_dir, "summary.json")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        old = json.load(f)
-    if old.get("threshold") != threshold:
-        print(f"race: ignoring {path}: its threshold {old.get('threshold')} is not {threshold:g}", file=sys.stderr)
+    old = _previous_summary(out_dir, threshold)
+    if old is None:
         return []
     return [run_from_record(rec, out_dir) for rec in old["runs"] if (rec["contender"], rec["seed"]) not in skip]
 
 
+def previous_solo(out_dir: str, threshold: float, skip: set[str]) -> dict[str, RunResult]:
+    """Solo runs recorded in ``out_dir``/summary.json for contenders this invocation does not measure again."""
+    old = _previous_summary(out_dir, threshold)
+    if old is None:
+        return {}
+    return {rec["contender"]: run_from_record(rec, out_dir) for rec in old.get("solo_runs", [])
+            if rec["contender"] not in skip}  # fmt: skip
+
+
+def _previous_summary(out_dir: str, threshold: float) -> dict[str, Any] | None:
+    path = os.path.join(out_dir, "summary.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        old = json.load(f)
+    if old.get("threshold") != threshold:
+        print(f"race: ignoring {path}: its threshold {old.get('threshold')} is not {threshold:g}", file=sys.stderr)
+        return None
+    return old
+
+
+#: Command-line fragments of trainer processes that must not be running when a run starts (leftovers of a
+#: contender, or a trainer someone else started).
+TRAINER_PATTERNS = ("sample_fast.train", "sf_examples.", "sample_factory")
+
+
+def leftover_trainers() -> list[tuple[int, str]]:
+    """Live processes (not this one) whose command line looks like a trainer of either contender."""
+    from sample_fast.benchmark.quiet import cmdline  # noqa: PLC0415 (Linux-only helpers)
+
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            cmd = cmdline(int(entry), limit=400)
+            if any(p in cmd for p in TRAINER_PATTERNS) and "race_ant_v4" not in cmd and "pytest" not in cmd:
+                out.append((int(entry), cmd))
+    return out
+
+
+def wait_until_quiet(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Before a run: no leftover trainer, and the CPUs idle (at most ``--quiet-busy``) over one sampling window.
+
+    Waits up to ``--quiet-timeout-s``; then goes on with a warning (the run's record says it was not quiet, and a
+    run slowed by the noise is discarded by the solo check anyway). Returns the check as a dict for the record.
+    """
+    from sample_fast.benchmark.quiet import wait_for_quiet  # noqa: PLC0415
+
+    deadline = time.monotonic() + args.quiet_timeout_s
+    while (left := leftover_trainers()) and time.monotonic() < deadline:
+        print(f"race: {name}: waiting for leftover trainer processes: {left[:3]}", file=sys.stderr, flush=True)
+        time.sleep(5.0)
+    check = wait_for_quiet(max_busy=args.quiet_busy, timeout_s=max(1.0, deadline - time.monotonic()))
+    record = {**check.as_dict(), "leftover_trainers": [pid for pid, _ in leftover_trainers()]}
+    if record["leftover_trainers"]:
+        record["quiet"] = False
+    status = "quiet" if record["quiet"] else "NOT quiet (going on; see the record)"
+    print(f"race: {name}: machine {status} after {check.waited_s:.0f} s: {check.describe()}", flush=True)
+    return record
+
+
+def too_slow(r: RunResult, solo: RunResult | None, max_slowdown: float) -> bool:
+    """Whether a race run averaged more than ``max_slowdown`` below its contender's solo figure (then it was
+    disturbed, or the machine changed, and it is rerun). False without a solo figure or an average."""
+    if solo is None or not math.isfinite(solo.avg_fps) or not math.isfinite(r.avg_fps):
+        return False
+    return r.avg_fps < (1.0 - max_slowdown) * solo.avg_fps
+
+
 def run_race(args: argparse.Namespace) -> dict[str, Any]:
+    """Solo runs first (one per contender in the plan), then the plan; each run after a quiet check, each race run
+    checked against its solo figure and rerun (at most ``--max-attempts`` tries) when it fell too far below it."""
     out_dir = os.path.abspath(args.out)
     os.makedirs(out_dir, exist_ok=True)
     todo = plan(args.seeds, args.only)
-    if "sf" in {c for c, _ in todo}:
+    contenders = list(dict.fromkeys(c for c, _ in todo))
+    if "sf" in contenders:
         sf_python(args.sf_venv)  # fail before anything runs when SF's venv is missing
     summary: dict[str, Any] = {}
     runs = [] if args.fresh else previous_runs(out_dir, args.threshold, set(todo))
+    solo: dict[str, RunResult] = {} if args.fresh else previous_solo(out_dir, args.threshold, set(contenders))
+    discarded: list[RunResult] = []
     if runs:
         print(
             f"race: keeping {len(runs)} run(s) from {out_dir}/summary.json: "
             f"{', '.join(run_name(r.contender, r.seed) for r in runs)} (--fresh drops them)"
         )
     try:
-        for i, (contender, seed) in enumerate(todo):
-            if i:
-                time.sleep(args.cooldown_s)  # let the previous run's processes and page cache settle
-            runs.append(run_and_keep(contender, seed, args, out_dir))
-            r = runs[-1]
-            print(
-                f"race: {run_name(contender, seed)}: {_fmt_s(_json_num(r.time_to_threshold_s))} "
-                f"(stopped by {r.stop_reason} after {r.wall_s:.0f} s, best {r.best_return:.0f}, "
-                f"median FPS {r.median_fps:.0f})",
-                flush=True,
-            )
+        if args.solo_s > 0:
+            for c in contenders:
+                name = f"solo_{c}"
+                quiet = wait_until_quiet(name, args)
+                r = run_and_keep(c, args.seeds[0], args, out_dir, name=name, threshold=math.inf, timeout_s=args.solo_s)
+                r.quiet_before = quiet
+                solo[c] = r
+                print(f"race: {name}: {r.avg_fps:.0f} env steps/s over {r.wall_s:.0f} s (seed {r.seed})", flush=True)
+        for contender, seed in todo:
+            for attempt in range(1, args.max_attempts + 1):
+                name = run_name(contender, seed)
+                quiet = wait_until_quiet(name, args)
+                r = run_and_keep(contender, seed, args, out_dir)
+                r.attempt, r.quiet_before = attempt, quiet
+                slow = too_slow(r, solo.get(contender), args.max_slowdown)
+                solo_fps = _json_num(solo[contender].avg_fps) if contender in solo else None
+                print(
+                    f"race: {name}: {_fmt_s(_json_num(r.time_to_threshold_s))} (stopped by {r.stop_reason} after "
+                    f"{r.wall_s:.0f} s, best {r.best_return:.0f}, avg {r.avg_fps:.0f} env steps/s"
+                    f"{_share_of_solo(_json_num(r.avg_fps), solo_fps)})"
+                    + (" -- too far below solo: discarded" if slow else ""),
+                    flush=True,
+                )
+                if slow and attempt < args.max_attempts:
+                    _keep_discarded(out_dir, r)
+                    discarded.append(r)
+                    continue
+                runs.append(r)  # the last attempt is kept even when slow; its record shows the share of solo
+                break
     finally:
         # also after Ctrl-C or an error: the finished runs are recorded
-        if runs:
-            summary = write_outputs(runs, args, out_dir)
+        if runs or solo:
+            summary = write_outputs(runs, args, out_dir, solo, discarded)
     return summary
 
 
-def run_and_keep(contender: str, seed: int, args: argparse.Namespace, out_dir: str) -> RunResult:
-    """One run in a temporary directory; its curve CSV, log and config files are copied into ``out_dir``."""
-    name = run_name(contender, seed)
+def _keep_discarded(out_dir: str, r: RunResult) -> None:
+    """Rename a discarded run's curve CSV and folder so that its rerun does not overwrite them."""
+    name = run_name(r.contender, r.seed)
+    for old, new in ((f"{name}.csv", f"{name}_attempt{r.attempt}.csv"), (name, f"{name}_attempt{r.attempt}")):
+        src, dst = os.path.join(out_dir, old), os.path.join(out_dir, new)
+        if os.path.exists(src):
+            shutil.rmtree(dst, ignore_errors=True)
+            os.replace(src, dst)
+
+
+def run_and_keep(
+    contender: str,
+    seed: int,
+    args: argparse.Namespace,
+    out_dir: str,
+    *,
+    name: str | None = None,
+    threshold: float | None = None,
+    timeout_s: float | None = None,
+) -> RunResult:
+    """One run in a temporary directory; its curve CSV, log and config files are copied into ``out_dir``.
+
+    ``name`` (default ``<contender>_seed<seed>``) names the kept files; ``threshold``/``timeout_s`` default to
+    the race's (a solo run passes an unreachable threshold and the solo duration)."""
+    name = name or run_name(contender, seed)
     keep_dir = os.path.join(out_dir, name)
     os.makedirs(keep_dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix=f"race_{name}_")
@@ -785,15 +972,16 @@ def run_and_keep(contender: str, seed: int, args: argparse.Namespace, out_dir: s
         else:
             c = sf_contender(seed, args, work, log_path)
             keep = [os.path.join(work, f"race_ant_v4_seed{seed}", "config.json")]
-        load = os.getloadavg()
-        if load[0] > 0.5 * (os.cpu_count() or 1):
-            print(
-                f"race: warning: load {load[0]:.2f} on {os.cpu_count()} CPUs before {name}; "
-                "the race needs a quiet machine",
-                file=sys.stderr,
-            )
         print(f"race: {name}: {shlex.join(c.command)}", flush=True)
-        r = race_one(c, seed, args.threshold, args.timeout_s, args.poll_s, args.stop_grace_s, args.report_every_s)
+        r = race_one(
+            c,
+            seed,
+            args.threshold if threshold is None else threshold,
+            args.timeout_s if timeout_s is None else timeout_s,
+            args.poll_s,
+            args.stop_grace_s,
+            args.report_every_s,
+        )
         for path in keep:
             if os.path.exists(path):
                 shutil.copy(path, keep_dir)
@@ -828,13 +1016,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sf-workers", type=int, default=2)
     p.add_argument("--sf-envs-per-worker", type=int, default=8)
     p.add_argument("--poll-s", type=float, default=0.25, help="how often the reports are read")
-    p.add_argument("--cooldown-s", type=float, default=10.0, help="pause between runs")
+    p.add_argument(
+        "--solo-s", type=float, default=120.0, help="seconds of each contender's solo run (0: no solo check)"
+    )
+    p.add_argument(
+        "--max-slowdown",
+        type=float,
+        default=0.10,
+        help="a race run averaging more than this fraction below its solo env steps/s is discarded and rerun",
+    )
+    p.add_argument("--max-attempts", type=int, default=3, help="tries per contender x seed (the last one is kept)")
+    p.add_argument("--quiet-busy", type=float, default=0.10, help="CPU busy share at most this before a run")
+    p.add_argument("--quiet-timeout-s", type=float, default=300.0, help="wait at most this long for a quiet machine")
     p.add_argument("--stop-grace-s", type=float, default=60.0, help="wait for ours to exit after SIGINT")
     p.add_argument("--report-every-s", type=float, default=30.0, help="print a progress line this often")
     p.add_argument("--fresh", action="store_true", help="ignore the runs already recorded in --out")
     args = p.parse_args(argv)
     if args.timeout_s <= 0 or args.poll_s <= 0:
         p.error("--timeout-s and --poll-s must be > 0")
+    if args.solo_s < 0 or not 0 <= args.max_slowdown < 1 or args.max_attempts < 1 or args.quiet_timeout_s <= 0:
+        p.error("need --solo-s >= 0, 0 <= --max-slowdown < 1, --max-attempts >= 1 and --quiet-timeout-s > 0")
     if len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds has duplicates: {args.seeds}")
     # Hydra rejects a key given twice; these are the race's own (run.dir is a temporary directory per run).

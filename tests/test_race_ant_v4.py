@@ -195,8 +195,13 @@ def test_summary_writer(tmp_path, monkeypatch):
     md = (tmp_path / "summary.md").read_text()
     assert "Verdict: **met**" in md
     # best return 3000 and median FPS 6000 from the two-point curves built above
-    assert "| ours_seed0 | 150 s | 1.00M | 120 s | threshold (after 150 s) | 3000 | 6000 | 0.10/0.20/0.30 |" in md
-    assert "| sf_seed1 | not reached |  |  | timeout (after 900 s) | 2500 | 6000 | 0.10/0.20/0.30 |" in md
+    # avg env steps/s from the first to the last report: ours seed 0 (1e6 - 4e4) / (150 - 10) = 6857;
+    # SF seed 1 (2e6 - 4e4) / (900 - 10) = 2202. Attempt 1, no quiet check recorded.
+    row = "| ours_seed0 | 150 s | 1.00M | 120 s | threshold (after 150 s) | 3000 | 6857 | 1 |  | 0.10/0.20/0.30 |"
+    assert row in md
+    assert "| sf_seed1 | not reached |  |  | timeout (after 900 s) | 2500 | 2202 | 1 |  | 0.10/0.20/0.30 |" in md
+    assert by_run[("ours", 0)]["avg_fps"] == pytest.approx(6857.143, abs=1e-3)
+    assert saved["ours_solo_fps"] is None and saved["sf_solo_fps"] is None and saved["discarded_runs"] == []
     assert "not reached (> 600 s)" in md
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -302,7 +307,7 @@ def test_race_one_sigints_ours_and_times_out_below_the_threshold(tmp_path):
     )
     r = race.race_one(c, seed=3, threshold=3000.0, timeout_s=1.5, poll_s=0.05, stop_grace_s=10.0)
     assert r.stop_reason == "timeout" and not r.reached and r.time_to_threshold_s == INF
-    assert r.steps_at_threshold is None and 1.5 <= r.wall_s < 10.0
+    assert r.steps_at_threshold is None and 1.5 <= r.wall_s < 40.0  # the upper bound only catches a hang
     assert os.path.exists(csv_path + ".sigint") and r.returncode == 0  # stopped by SIGINT, not killed
     rows = r.curve
     assert len(rows) >= 5 and [p.env_steps for p in rows] == [1000.0 * (i + 1) for i in range(len(rows))]
@@ -389,8 +394,9 @@ def test_main_interleaves_and_writes_the_finished_runs_when_interrupted(tmp_path
         return r
 
     monkeypatch.setattr(race, "race_one", fake_race_one)
+    monkeypatch.setattr(race, "wait_until_quiet", lambda name, args: {"quiet": True})
     out = tmp_path / "out"
-    argv = ["--seeds", "0", "1", "--out", str(out), "--sf-venv", str(sf_venv), "--cooldown-s", "0"]
+    argv = ["--seeds", "0", "1", "--out", str(out), "--sf-venv", str(sf_venv), "--solo-s", "0"]
     assert race.main(argv) == 130
     assert launched == [("sf", 0), ("ours", 0), ("sf", 1)]
     saved = json.loads((out / "summary.json").read_text())
@@ -411,3 +417,70 @@ def test_overrides_of_keys_the_race_owns_are_rejected(capsys):
     with pytest.raises(SystemExit):
         race.parse_args(["--ours-overrides", "+run.time_limit_s=10"])
     assert race.parse_args(["--ours-overrides", "run.mode=serial"]).ours_overrides == "run.mode=serial"
+
+
+# ----- fairness: average throughput, solo runs, discarding disturbed runs --------------------------------------------
+def test_average_fps_is_steps_over_time_between_first_and_last_report():
+    pts = [race.CurvePoint(5.0, 0.0, math.nan), race.CurvePoint(15.0, 4096.0, 1.0), race.CurvePoint(25.0, 40960.0, 2.0)]
+    assert race.average_fps(pts) == (40960.0 - 0.0) / (25.0 - 5.0)  # 2048 steps/s
+    assert math.isnan(race.average_fps(pts[:1]))  # one report: no span
+    assert math.isnan(race.average_fps([pts[0], race.CurvePoint(7.0, 10.0, 1.0)]))  # span 2 s < 5 s
+
+
+def test_too_slow_compares_with_the_solo_figure():
+    solo = _run("ours", 0, INF, wall_s=120.0)
+    solo.curve = [race.CurvePoint(10.0, 0.0, math.nan), race.CurvePoint(110.0, 1e6, 1.0)]  # 10k steps/s
+    fast, slow = _run("ours", 0, 100.0, wall_s=100.0), _run("ours", 0, 100.0, wall_s=100.0)
+    fast.curve = [race.CurvePoint(10.0, 0.0, 1.0), race.CurvePoint(110.0, 9.1e5, 2.0)]  # 9.1k: 9% below
+    slow.curve = [race.CurvePoint(10.0, 0.0, 1.0), race.CurvePoint(110.0, 8.9e5, 2.0)]  # 8.9k: 11% below
+    assert not race.too_slow(fast, solo, 0.10) and race.too_slow(slow, solo, 0.10)
+    assert not race.too_slow(slow, None, 0.10)  # no solo figure: nothing to compare with
+
+
+def test_race_measures_solo_then_discards_and_reruns_a_disturbed_run(tmp_path, monkeypatch):
+    """Solo runs come first (unreachable threshold, --solo-s long); a race run averaging > --max-slowdown below its
+    solo figure is renamed aside, recorded as discarded and rerun; the quiet check runs before every launch."""
+    monkeypatch.setattr(race, "machine_facts", lambda args: {"cpu_count": 2})
+    sf_venv = tmp_path / "venv"
+    (sf_venv / "bin").mkdir(parents=True)
+    (sf_venv / "bin" / "python").touch()
+    launched, quiet_checks = [], []
+    # steps/s of each launch in order: solo sf, solo ours, sf seed 0, ours seed 0 (disturbed), ours seed 0 again
+    rates = iter([4000.0, 10000.0, 3900.0, 7000.0, 9800.0])
+
+    def fake_race_one(c, seed, threshold, timeout_s, poll_s, stop_grace_s, report_every_s):
+        launched.append((c.name, seed, threshold, timeout_s))
+        rate = next(rates)
+        r = race.RunResult(c.name, seed, c.command, (0.0, 0.0, 0.0))
+        r.curve = [race.CurvePoint(10.0, 0.0, 100.0), race.CurvePoint(110.0, rate * 100.0, min(threshold, 3500.0))]
+        if math.isfinite(threshold):
+            r.time_to_threshold_s, r.steps_at_threshold, r.stop_reason = 110.0, rate * 100.0, "threshold"
+        else:
+            r.stop_reason = "timeout"
+        r.wall_s = 110.0
+        return r
+
+    def fake_quiet(name, args):
+        quiet_checks.append(name)
+        return {"quiet": True, "busy_fraction": 0.02, "waited_s": 0.0}
+
+    monkeypatch.setattr(race, "race_one", fake_race_one)
+    monkeypatch.setattr(race, "wait_until_quiet", fake_quiet)
+    out = tmp_path / "out"
+    argv = ["--seeds", "0", "--out", str(out), "--sf-venv", str(sf_venv), "--solo-s", "60"]
+    assert race.main(argv) == 0
+    assert [(n, s) for n, s, _, _ in launched] == [("sf", 0), ("ours", 0), ("sf", 0), ("ours", 0), ("ours", 0)]
+    assert launched[0][2:] == (INF, 60.0) and launched[1][2:] == (INF, 60.0)  # solo: never stopped by threshold
+    assert launched[2][2:] == (3000.0, 900.0)
+    assert quiet_checks == ["solo_sf", "solo_ours", "sf_seed0", "ours_seed0", "ours_seed0"]
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["sf_solo_fps"] == 4000.0 and saved["ours_solo_fps"] == 10000.0
+    assert [(r["contender"], r["avg_fps"], r["attempt"]) for r in saved["runs"]] == [
+        ("sf", 3900.0, 1),
+        ("ours", 9800.0, 2),
+    ]
+    assert [(r["contender"], r["avg_fps"]) for r in saved["discarded_runs"]] == [("ours", 7000.0)]  # 70% of solo
+    assert (out / "ours_seed0_attempt1.csv").exists() and (out / "ours_seed0.csv").exists()
+    assert (out / "solo_sf.csv").exists() and (out / "solo_ours").is_dir()
+    md = (out / "summary.md").read_text()
+    assert "| discarded ours_seed0 |" in md and "7000 (70% of solo)" in md and "9800 (98% of solo)" in md
