@@ -58,28 +58,51 @@ def toy_env(num_envs: int) -> ToyEnv:
     return make("toy", num_envs, terminate_on_miss=True, miss_threshold=0.5, max_episode_steps=8)
 
 
+def true_next_obs(batch) -> torch.Tensor:
+    """``[T, B, ...]`` the observation each step actually reached, rebuilt from the slot layout: ``obs[t + 1]``,
+    replaced by the side table's final obs where a step truncated (not terminated)."""
+    count = int(batch["final_count"])
+    nxt = batch["obs"][1:].clone()
+    nxt[batch["final_step_idx"][:count], batch["final_env_idx"][:count]] = batch["final_obs"][:count]
+    return nxt
+
+
 def check_batch(batch, miss_threshold: float = 0.5) -> None:
     """Independent checks of one [T, B] toy batch collected by VersionPolicy."""
-    obs, next_obs = batch["obs"], batch["next_obs"]
-    term, trunc = batch["terminated"], batch["truncated"]
+    obs, term, trunc = batch["obs"], batch["terminated"], batch["truncated"]
+    num_steps = term.shape[0]
+    assert obs.shape[0] == num_steps + 1
     done = term | trunc
-    # next_obs[t] == obs[t+1] wherever the episode continues; after done, obs[t+1] is a fresh episode (t = 0)
-    cont = ~done[:-1]
-    assert torch.equal(next_obs[:-1][cont], obs[1:][cont])
-    assert (obs[1:][done[:-1]][:, -1] == 0).all()
-    # truncated <=> the true next obs shows t == max_episode_steps; terminated <=> a miss (reward < 1 - threshold)
-    assert torch.equal(trunc, next_obs[..., -1] == 1.0)
+    # obs[t + 1] continues the episode where step t did not end it (toy obs[-1] = t / 8 in (0, 1)), and is a fresh
+    # episode's first obs (t = 0) where it did, the bootstrap row T included
+    assert ((obs[1:][~done][:, -1] > 0) & (obs[1:][~done][:, -1] < 1)).all()
+    assert (obs[1:][done][:, -1] == 0).all()
+    # the side table lists exactly the truncated, not terminated steps, each with its true final obs (t == 8)
+    live_trunc = trunc & ~term
+    count = int(batch["final_count"])
+    listed = torch.zeros_like(live_trunc)
+    listed[batch["final_step_idx"][:count], batch["final_env_idx"][:count]] = True
+    assert count == int(live_trunc.sum()) and torch.equal(listed, live_trunc)
+    assert (batch["final_obs"][:count][:, -1] == 1.0).all()
+    # truncated <=> the true next obs shows t == max_episode_steps (terminated ones need no final obs)
+    assert torch.equal(live_trunc, true_next_obs(batch)[..., -1] == 1.0)
     assert torch.equal(term, batch["rewards"] < 1.0 - miss_threshold)
-    # the action mean encodes the version of the weights that produced it; values were computed at obs
+    # the action mean encodes the version of the weights that produced it
     version_from_action = torch.round(batch["actions"] / ACTION_STEP).to(torch.int64)
     assert torch.equal(version_from_action, batch["policy_version"].unsqueeze(-1).expand_as(version_from_action))
-    torch.testing.assert_close(batch["values"], obs.sum(-1))
+    if "values" in batch.keys():  # store_values: values were computed at obs
+        torch.testing.assert_close(batch["values"], obs[:-1].sum(-1))
 
 
-def _serial_sampler(num_splits=2, num_slots=4, num_envs=6, rollout_len=5, version=None):
-    cfg = SamplerConfig(rollout_len=rollout_len, num_splits=num_splits, num_slots=num_slots, seed=3)
+def _serial_sampler(num_splits=2, num_slots=4, num_envs=6, rollout_len=5, version=None, store_values=False):
+    cfg = SamplerConfig(
+        rollout_len=rollout_len, num_splits=num_splits, num_slots=num_slots, seed=3, store_values=store_values
+    )
     envs = build_split_envs(lambda: toy_env(num_envs), num_splits)
-    store = TrajectoryStore(envs[0].observation_spec, envs[0].action_spec, rollout_len, num_envs, num_slots)
+    store = TrajectoryStore(
+        envs[0].observation_spec, envs[0].action_spec, rollout_len, num_envs, num_slots,
+        max_episode_steps=envs[0].max_episode_steps, store_values=store_values,
+    )  # fmt: skip
     policy = VersionPolicy()
     version = version if version is not None else {"v": 0}
     policy.set_version(version["v"])
@@ -124,8 +147,10 @@ def test_double_buffered_order_overlaps_one_split_with_the_other():
     assert envs[0]._closed and envs[1]._closed
 
 
-def test_serial_batches_are_continuous_across_slots_and_record_versions():
-    sampler, store, policy, version, ring = _serial_sampler()
+@pytest.mark.parametrize("store_values", [False, True])
+def test_serial_batches_are_continuous_across_slots_and_record_versions(store_values):
+    sampler, store, policy, version, ring = _serial_sampler(store_values=store_values)
+    assert store.final_capacity == 6  # ceil(T=5 / max_episode_steps=8) = 1 truncation per env at most
     per_split: dict[int, list[int]] = {0: [], 1: []}
     slots_seen = []
     for _rollout in range(6):
@@ -136,6 +161,7 @@ def test_serial_batches_are_continuous_across_slots_and_record_versions():
             batch = store.slot(slot_idx).clone()
             store.check_written(slot_idx)
             check_batch(batch)
+            assert ("values" in batch.keys()) == store_values
             per_split[owners[slot_idx]].append(len(slots_seen))
             slots_seen.append(batch)
             store.release(slot_idx)
@@ -146,9 +172,9 @@ def test_serial_batches_are_continuous_across_slots_and_record_versions():
     for _split_idx, order in per_split.items():
         for prev, nxt in zip(order, order[1:], strict=False):
             a, b = slots_seen[prev], slots_seen[nxt]
-            last_done = a["terminated"][-1] | a["truncated"][-1]
-            # the rollout boundary loses no transition: slot n's last next_obs is slot n+1's first obs
-            assert torch.equal(a["next_obs"][-1][~last_done], b["obs"][0][~last_done])
+            # the rollout boundary loses no transition: slot n's bootstrap row T is slot n+1's first obs (also
+            # where the last step ended an episode: then both are the reset obs, and the side table has the rest)
+            assert torch.equal(a["obs"][-1], b["obs"][0])
         for i in order:
             versions |= set(slots_seen[i]["policy_version"].unique().tolist())
     assert versions == set(range(6))  # rollouts 0..5 acted with versions 0..5, and each step says which
