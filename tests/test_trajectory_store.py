@@ -236,3 +236,14 @@ def test_bad_arguments_are_refused_with_a_fix():
         import pickle
 
         pickle.dumps(_store())
+
+
+def test_slot_bytes_script_counts_hand_computed_bytes(load_bench):
+    slot_bytes = load_bench("slot_bytes")
+    ant_obs, ant_act = Spec(shape=(105,), dtype=torch.float32), Spec(shape=(8,), dtype=torch.float32)
+    # old: obs + next_obs 2 * 105 * 4 = 840, actions 32, logp/values/rewards 12, flags 2, version 8 -> 894
+    assert slot_bytes.old_layout_bytes_per_step(ant_obs, ant_act) == 894
+    # new, T = 2, B = 3, L = 1000: obs 3 * 3 * 420 = 3780, per-step keys 2 * 3 * (32 + 4 + 4 + 1 + 1 + 8) = 300,
+    # side table ceil(2 / 1000) * 3 = 3 rows of 420 + 8 + 8, final_count 8 -> 5396
+    store = TrajectoryStore(ant_obs, ant_act, 2, 3, 1, max_episode_steps=1000)
+    assert store.bytes_per_slot() == 3780 + 300 + 3 * 436 + 8
