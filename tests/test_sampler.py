@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from sample_fast.envs import make
+from sample_fast.envs import Spec, make
 from sample_fast.envs.toy import ToyEnv
 
 from sample_fast.param_store import ParamStore
@@ -288,3 +288,85 @@ def test_async_weights_refresh_mid_slot(refresh):
 def test_weights_refresh_rejects_unknown_values():
     with pytest.raises(ValueError, match="weights_refresh must be step or slot"):
         SamplerConfig(weights_refresh="sometimes")
+
+
+def test_no_critic_forward_unless_store_values():
+    calls = []
+
+    class ValueAwarePolicy(VersionPolicy):
+        @torch.no_grad()
+        def act(self, obs, deterministic=False, *, with_value=True):
+            calls.append(with_value)
+            actions, logp, values = super().act(obs)
+            return actions, logp, values if with_value else None
+
+    for store_values in (False, True):
+        calls.clear()
+        cfg = SamplerConfig(rollout_len=2, num_splits=1, num_slots=2, seed=0, store_values=store_values)
+        envs = build_split_envs(lambda: toy_env(3), 1)
+        store = TrajectoryStore(envs[0].observation_spec, envs[0].action_spec, 2, 3, 2, store_values=store_values)
+        sampler = Sampler(envs, ValueAwarePolicy(), store, cfg, version_fn=lambda: 0)
+        while sampler.advance(wait_s=0.0) == 0:
+            pass
+        batch = store.slot(store.acquire_ready(0.0))
+        assert calls and set(calls) == {store_values}
+        assert ("values" in batch.keys()) == store_values
+        check_batch(batch)
+        sampler.close()
+    with pytest.raises(ValueError, match="store_values"):
+        Sampler(build_split_envs(lambda: toy_env(3), 1), VersionPolicy(), store, SamplerConfig(
+            rollout_len=2, num_splits=1, num_slots=2), version_fn=lambda: 0)  # fmt: skip
+
+
+def test_actor_critic_act_without_value_samples_the_same_actions():
+    from sample_fast.policy import ActorCritic, PolicyConfig
+
+    env = toy_env(4)
+    policy = ActorCritic(env.observation_spec, env.action_spec, PolicyConfig(hidden_sizes=[8]))
+    obs, _ = env.reset(seed=0)
+    torch.manual_seed(1)
+    actions, logp, values = policy.act(obs)
+    torch.manual_seed(1)
+    actions2, logp2, none = policy.act(obs, with_value=False)
+    assert none is None and torch.equal(actions, actions2) and torch.equal(logp, logp2)
+    torch.testing.assert_close(values, policy.value(obs).detach())
+
+
+class PixelToy(ToyEnv):
+    """The toy env with uint8 observations (round(100 * obs)): a stand-in for a pixel task."""
+
+    def __init__(self, num_envs: int) -> None:
+        super().__init__("toy", num_envs, max_episode_steps=3)
+        self.observation_spec = Spec(shape=self.observation_spec.shape, dtype=torch.uint8)
+
+    @staticmethod
+    def _pixels(obs):
+        return (obs.clamp(0, 1) * 100).round().to(torch.uint8)
+
+    def _reset(self, seed):
+        obs, info = super()._reset(seed)
+        return self._pixels(obs), info
+
+    def _step(self, actions):
+        res = super()._step(actions)
+        res.info["final_obs"] = self._pixels(res.info["final_obs"])
+        return res._replace(obs=self._pixels(res.obs))
+
+
+def test_uint8_observations_are_stored_as_uint8_and_every_row_is_marked_written():
+    cfg = SamplerConfig(rollout_len=4, num_splits=1, num_slots=2, seed=0)
+    envs = [PixelToy(3)]
+    store = TrajectoryStore(envs[0].observation_spec, envs[0].action_spec, 4, 3, 2, max_episode_steps=3)
+    sampler = Sampler(envs, VersionPolicy(), store, cfg, version_fn=lambda: 0)
+    while sampler.advance(wait_s=0.0) == 0:
+        pass
+    slot_idx = store.acquire_ready(0.0)
+    batch = store.slot(slot_idx)
+    store.check_written(slot_idx)  # every obs row, the bootstrap row included, was marked written
+    assert batch["obs"].dtype == torch.uint8 and batch["final_obs"].dtype == torch.uint8
+    # max_episode_steps = 3: every env truncates at t = 2 (time feature 100 = t / 3 * 100 at t = 3 steps)
+    count = int(batch["final_count"])
+    assert count == 3 and (batch["final_step_idx"][:count] == 2).all()
+    assert (batch["final_obs"][:count, -1] == 100).all() and (batch["obs"][3, :, -1] == 0).all()
+    store.release(slot_idx)
+    sampler.close()
