@@ -106,15 +106,19 @@ def throughput(args: argparse.Namespace) -> dict:
     gen = torch.Generator().manual_seed(0)
 
     def fresh_batch() -> dict[str, torch.Tensor]:
+        # The slot contract (docs/sampler.md): obs [T + 1, B], a side table of B rows (Ant: 1 per env), none used.
         return {
-            "obs": torch.randn(num_steps, num_envs, obs_dim, generator=gen),
+            "obs": torch.randn(num_steps + 1, num_envs, obs_dim, generator=gen),
             "actions": torch.randn(num_steps, num_envs, act_dim, generator=gen),
             "behavior_logp": torch.randn(num_steps, num_envs, generator=gen),
             "rewards": torch.randn(num_steps, num_envs, generator=gen),
             "terminated": torch.zeros(num_steps, num_envs, dtype=torch.bool),
             "truncated": torch.zeros(num_steps, num_envs, dtype=torch.bool),
-            "next_obs": torch.randn(num_steps, num_envs, obs_dim, generator=gen),
             "policy_version": torch.zeros(num_steps, num_envs, dtype=torch.int64),
+            "final_obs": torch.zeros(num_envs, obs_dim),
+            "final_step_idx": torch.zeros(num_envs, dtype=torch.int64),
+            "final_env_idx": torch.zeros(num_envs, dtype=torch.int64),
+            "final_count": torch.zeros((), dtype=torch.int64),
         }
 
     batch = fresh_batch()
@@ -123,9 +127,10 @@ def throughput(args: argparse.Namespace) -> dict:
         replay.add(batch, torch.rand(num_envs // b))
     raw = ReplayBuffer(storage=LazyTensorStorage(capacity), sampler=RandomSampler())
     segments = TensorDict(
-        {k: v.reshape(num_steps, num_envs // b, b, *v.shape[2:]).transpose(0, 1) for k, v in batch.items()},
-        batch_size=[num_envs // b, num_steps, b],
-    )
+        {k: v.reshape(v.shape[0], num_envs // b, b, *v.shape[2:]).transpose(0, 1) for k, v in batch.items()
+         if not k.startswith("final_")},
+        batch_size=[num_envs // b],
+    )  # fmt: skip
     for _ in range(capacity // (num_envs // b)):
         raw.extend(segments)
     num_segments = replay.num_segments_for(num_envs)

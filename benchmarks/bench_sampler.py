@@ -91,8 +91,9 @@ def bench_sampler(args, seconds: float) -> tuple[float, float]:
     env_fn = functools.partial(make_env, args.env, args.backend, per_split, args.env_threads_per_split, args.device)
     envs = build_split_envs(env_fn, args.num_splits)
     store = TrajectoryStore(
-        envs[0].observation_spec, envs[0].action_spec, cfg.rollout_len, per_split, cfg.num_slots, device=envs[0].device
-    )
+        envs[0].observation_spec, envs[0].action_spec, cfg.rollout_len, per_split, cfg.num_slots,
+        max_episode_steps=envs[0].max_episode_steps, device=envs[0].device,
+    )  # fmt: skip
     policy = make_policy(envs[0].observation_spec, envs[0].action_spec).to(envs[0].device)
     sampler = Sampler(envs, policy, store, cfg, version_fn=lambda: 0, split_seeds=list(range(args.num_splits)))
     prev = torch.get_num_threads()

@@ -28,7 +28,11 @@ from sample_fast.policy import ActorCritic
 log = logging.getLogger(__name__)
 
 VTraceFn = Callable[..., tuple[Tensor, Tensor]]
-_REQUIRED_KEYS = ("obs", "actions", "behavior_logp", "rewards", "terminated", "truncated", "next_obs")
+#: The trajectory batch contract (docs/learner.md); ``policy_version`` is optional, ``values`` is never read.
+_REQUIRED_KEYS = (
+    "obs", "actions", "behavior_logp", "rewards", "terminated", "truncated",
+    "final_obs", "final_step_idx", "final_env_idx", "final_count",
+)  # fmt: skip
 
 
 class LearnerConfigError(ValueError):
@@ -183,7 +187,9 @@ def compute_targets(
     rewards: Tensor,
     terminated: Tensor,
     truncated: Tensor,
-    next_obs: Tensor,
+    final_obs: Tensor,
+    final_step_idx: Tensor,
+    final_env_idx: Tensor,
     *,
     gamma: float,
     lam: float,
@@ -194,28 +200,32 @@ def compute_targets(
 ) -> Targets:
     """V-trace targets for a time-major batch with the policy's CURRENT weights and observation statistics.
 
-    Args: obs/next_obs ``[T, B, *obs_shape]`` float32 (raw), actions ``[T, B, *act_shape]``, behavior_logp and
-    rewards ``[T, B]`` float32 (rewards already scaled), terminated/truncated ``[T, B]`` bool.
+    Args:
+        obs: ``[T + 1, B, *obs_shape]`` raw observations; row T is the observation after the last step.
+        actions: ``[T, B, *act_shape]``; behavior_logp, rewards: ``[T, B]`` float32 (rewards already scaled).
+        terminated, truncated: ``[T, B]`` bool, kept separate.
+        final_obs: ``[K, *obs_shape]`` the true final observation of each truncated, not terminated step, at
+            ``(final_step_idx[k], final_env_idx[k])`` (``[K]`` int64); exactly the valid rows (no padding).
 
-    V(next_obs) is needed only at ``t = T-1`` (the bootstrap) and where a live episode was truncated; only those
-    rows go through the critic (at most ``B + num_truncated`` rows instead of ``T * B``).
+    Bootstrapping: terminated -> none; truncated -> V(final_obs); the last step of a column -> V(obs[T]), except
+    where that step truncated: obs[T] is then the reset observation of the next episode and the bootstrap is
+    V(final_obs) (never across an episode boundary). Only ``B + K`` rows go through the critic besides the T*B.
+    The V-trace inputs are float32 whatever autocast produced.
     """
     num_steps, num_envs = rewards.shape
     flat = num_steps * num_envs
     target_logp, _, values = policy.evaluate(
-        obs.reshape(flat, *obs.shape[2:]), actions.reshape(flat, *actions.shape[2:])
+        obs[:-1].reshape(flat, *obs.shape[2:]), actions.reshape(flat, *actions.shape[2:])
     )
     target_logp = target_logp.float().reshape(num_steps, num_envs)
     values = values.float().reshape(num_steps, num_envs)
 
-    trunc_mask = truncated & ~terminated
-    trunc_mask[-1] = False  # row T-1 comes from the bootstrap below
-    # SYNC: boolean indexing sizes its output on the host (free on the CPU; one sync on CUDA).
-    rows = torch.cat([next_obs[-1], next_obs[trunc_mask]], dim=0)
-    next_values = policy.value(rows).float()
-    bootstrap_value = next_values[:num_envs]
+    next_values = policy.value(torch.cat([obs[-1], final_obs.to(obs.dtype)], dim=0)).float()
     truncation_values = torch.zeros_like(values)
-    truncation_values[trunc_mask] = next_values[num_envs:]
+    truncation_values[final_step_idx, final_env_idx] = next_values[num_envs:]
+    # INVARIANT: a column whose last step truncated bootstraps from its true final obs, not from obs[T].
+    last_truncated = truncated[-1] & ~terminated[-1]
+    bootstrap_value = torch.where(last_truncated, truncation_values[-1], next_values[:num_envs])
     truncation_values[-1] = bootstrap_value
 
     fn = vtrace_fn if vtrace_fn is not None else default_vtrace_fn()
@@ -224,6 +234,27 @@ def compute_targets(
         gamma=gamma, lam=lam, rho_clip=rho_clip, c_clip=c_clip, truncation_values=truncation_values, backend=backend,
     )  # fmt: skip
     return Targets(pg_advantages.float(), value_targets.float(), values, target_logp)
+
+
+def final_table(data: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """The valid rows ``(final_obs [K, ...], final_step_idx [K], final_env_idx [K])`` of a batch's side table."""
+    count = int(data["final_count"])  # SYNC: one host read sizes the table
+    return data["final_obs"][:count], data["final_step_idx"][:count], data["final_env_idx"][:count]
+
+
+class _Prepared(NamedTuple):
+    """A batch ready for the optimisation loop (``Learner._prepare``)."""
+
+    data: dict[str, Tensor]  # the training batch: fresh columns, then replayed ones when replay is on
+    fresh: dict[str, Tensor]  # the fresh columns as received (raw rewards): what the replay memory keeps
+    rewards: Tensor  # [T, B'] scaled (and clipped) rewards of data
+    mask: Tensor | None  # [T * B'] bool: samples that count (policy lag, replay age); None = all
+    weights: Tensor | None  # [T * B'] float32 per-sample loss weights (replay IS weights); None = all 1
+    replayed: Any  # the ReplaySample joined into data, or None
+    final: tuple[Tensor, Tensor, Tensor]  # data's valid side-table rows (final_obs, final_step_idx, final_env_idx)
+    num_steps: int  # T
+    num_envs: int  # B: fresh env columns
+    num_epochs: int  # cfg.num_epochs, or 0 when the mask selects nothing
 
 
 class ReturnScaler:
@@ -386,41 +417,45 @@ class Learner:
             raise KeyError(f"train(batch): batch lacks {missing}; see the trajectory batch table in docs/learner.md")
         data = {k: batch[k].to(self.device, non_blocking=True) for k in (*_REQUIRED_KEYS, "policy_version")
                 if k in batch.keys()}  # fmt: skip
-        if data["rewards"].ndim != 2:
-            raise ValueError(f"train(batch): rewards must be [T, B], got shape {tuple(data['rewards'].shape)}")
+        rewards, obs = data["rewards"], data["obs"]
+        if rewards.ndim != 2:
+            raise ValueError(f"train(batch): rewards must be [T, B], got shape {tuple(rewards.shape)}")
+        if tuple(obs.shape[:2]) != (rewards.shape[0] + 1, rewards.shape[1]):
+            raise ValueError(
+                f"train(batch): obs must be [T + 1, B, ...] = {(rewards.shape[0] + 1, rewards.shape[1])} (row T is "
+                f"the bootstrap observation), got {tuple(obs.shape)}"
+            )
         if data["terminated"].dtype != torch.bool or data["truncated"].dtype != torch.bool:
             raise TypeError("train(batch): terminated and truncated must be bool tensors (keep them separate)")
         return data
 
-    def train(self, batch: Any) -> dict[str, float]:
-        """One APPO iteration on ``batch`` (a TensorDict or dict of ``[T, B, ...]`` tensors, see docs/learner.md).
+    def _lag_mask(self, data: dict[str, Tensor]) -> Tensor | None:
+        """``[T, B]`` bool: fresh samples at most ``max_policy_lag`` versions behind the learner (None: all)."""
+        if self.cfg.max_policy_lag is None or "policy_version" not in data:
+            return None
+        return (self.policy_version - data["policy_version"]) <= self.cfg.max_policy_lag
 
-        Returns scalar metrics: policy_loss, value_loss, entropy, kl, clip_frac, grad_norm (means over the good
-        updates of this call), lr, adv_mean, adv_std (raw V-trace advantages), explained_variance, masked_frac,
-        num_updates (this call), and the cumulative nonfinite_skips and rollbacks.
-        """
+    def _prepare(self, batch: Any) -> _Prepared:
+        """Unpack, update the normaliser, scale rewards, build the lag mask and join replayed segments."""
         cfg = self.cfg
         data = self._unpack(batch)
-        obs, actions, rewards = data["obs"], data["actions"], data["rewards"]
-        terminated, truncated = data["terminated"], data["truncated"]
+        rewards, terminated, truncated = data["rewards"], data["terminated"], data["truncated"]
         num_steps, num_envs = rewards.shape
         fresh = data  # the fresh columns, raw: what the replay memory keeps after this call
-
         # 1. Observation statistics first, so targets and loss below see one consistent normaliser (the change
-        #    relative to the behaviour policy's statistics is corrected by V-trace's importance ratios).
-        self.policy.update_normalizer(obs)
+        #    relative to the behaviour policy's statistics is corrected by V-trace's importance ratios). Rows
+        #    0..T-1 only: row T is the next slot's row 0 and would be counted twice.
+        self.policy.update_normalizer(data["obs"][:-1])
         # 2. Reward scaling (statistics updated with this batch, then applied).
         if cfg.scale_rewards:
             rewards = self.reward_scaler.scale(rewards, terminated | truncated)
             if cfg.reward_clip is not None:
                 rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
         # 3. Policy-lag mask.
-        mask = None
-        if cfg.max_policy_lag is not None and "policy_version" in data:
-            mask = (self.policy_version - data["policy_version"]) <= cfg.max_policy_lag
-        # 3b. Prioritized replay: replayed [T, b] segments join as extra env columns with IS weights and their own
-        #     age limit (sample_fast.replay, docs/replay.md).
-        weights_f, replayed = None, None
+        mask = self._lag_mask(data)
+        # 4. Prioritized replay: replayed [T, b] segments join as extra env columns with IS weights and their own
+        #    age limit (sample_fast.replay, docs/replay.md).
+        weights, replayed = None, None
         if self.replay is not None:
             replayed = self.replay.sample(
                 self.replay.num_segments_for(num_envs), self.policy_version,
@@ -433,63 +468,69 @@ class Learner:
             if cfg.scale_rewards:
                 scale = functools.partial(frozen_reward_scale, scaler=self.reward_scaler, clip=cfg.reward_clip)
             data, rewards, mask, weights = self.replay.join(data, rewards, mask, replayed, self.policy_version, scale)
-            obs, actions, terminated, truncated = data["obs"], data["actions"], data["terminated"], data["truncated"]
-            weights_f = weights.reshape(-1)
-        flat = rewards.numel()
+            weights = weights.reshape(-1)
+        num_epochs = cfg.num_epochs
         if mask is not None:
-            mask = mask.reshape(flat)
+            mask = mask.reshape(-1)
             # SYNC: an all-stale batch must not reach Adam (zero gradients would still move it through momentum).
             num_epochs = cfg.num_epochs if bool(mask.any()) else 0
-        else:
-            num_epochs = cfg.num_epochs
+        return _Prepared(data, fresh, rewards, mask, weights, replayed, final_table(data), num_steps, num_envs,
+                         num_epochs)  # fmt: skip
 
-        obs_f = obs.reshape(flat, *obs.shape[2:])
-        act_f = actions.reshape(flat, *actions.shape[2:])
+    def _targets(self, prep: _Prepared) -> Targets:
+        """V-trace targets of the prepared batch with the current weights."""
+        cfg, data = self.cfg, prep.data
+        with self._autocast():
+            return compute_targets(
+                self.policy, data["obs"], data["actions"], data["behavior_logp"], prep.rewards, data["terminated"],
+                data["truncated"], *prep.final, gamma=cfg.gamma, lam=cfg.lam, rho_clip=cfg.rho_clip,
+                c_clip=cfg.c_clip, vtrace_fn=self._vtrace_fn(), backend=cfg.advantage_backend,
+            )  # fmt: skip
+
+    def _optimize(self, prep: _Prepared) -> tuple[Targets, Targets, dict[str, list[Tensor]], bool]:
+        """``num_epochs`` shuffled passes of ``num_minibatches`` updates; targets recomputed per cfg.
+
+        Returns ``(first_targets, last_targets, sums, rolled_back)``; ``sums`` holds each good update's statistics.
+        """
+        cfg, data, mask, weights = self.cfg, prep.data, prep.mask, prep.weights
+        flat = prep.rewards.numel()
+        obs_f = data["obs"][:-1].reshape(flat, *data["obs"].shape[2:])
+        act_f = data["actions"].reshape(flat, *data["actions"].shape[2:])
         blogp_f = data["behavior_logp"].reshape(flat).float()
         sums: dict[str, list[Tensor]] = {}
         first_targets: Targets | None = None
-        updates_before, rolled_back = self.num_updates, False
-        for epoch in range(max(num_epochs, 1)):
+        for epoch in range(max(prep.num_epochs, 1)):
             if epoch == 0 or cfg.recompute_targets == "epoch":
-                with self._autocast():
-                    targets = compute_targets(
-                        self.policy, obs, actions, data["behavior_logp"], rewards, terminated, truncated,
-                        data["next_obs"], gamma=cfg.gamma, lam=cfg.lam, rho_clip=cfg.rho_clip, c_clip=cfg.c_clip,
-                        vtrace_fn=self._vtrace_fn(), backend=cfg.advantage_backend,
-                    )  # fmt: skip
-                if first_targets is None:
-                    first_targets = targets
+                targets = self._targets(prep)
+                first_targets = first_targets if first_targets is not None else targets
                 adv_f = targets.pg_advantages.reshape(flat)
                 if cfg.normalize_advantages:
                     adv_f = normalize_advantages(adv_f, mask)
                 vs_f = targets.value_targets.reshape(flat)
                 old_v_f = targets.values.reshape(flat)
-            if num_epochs == 0:
+            if prep.num_epochs == 0:
                 break  # targets only, for the metrics
             perm = torch.randperm(flat, generator=self.generator).to(self.device, non_blocking=True)
             for idx in perm.chunk(cfg.num_minibatches):
                 mb_mask = mask[idx] if mask is not None else None
-                mb_weights = weights_f[idx] if weights_f is not None else None
+                mb_weights = weights[idx] if weights is not None else None
                 status = self._update(obs_f[idx], act_f[idx], blogp_f[idx], adv_f[idx], vs_f[idx], old_v_f[idx],
                                       mb_mask, sums, mb_weights)  # fmt: skip
                 if status == "rollback":
-                    rolled_back = True
-                    break
-            if rolled_back:
-                break
+                    return first_targets, targets, sums, True
+        return first_targets, targets, sums, False
 
-        version_before = self.policy_version
-        self.env_steps += num_steps * num_envs  # fresh steps only: replayed ones were counted when they were fresh
-        num_updates = self.num_updates - updates_before
-        if num_updates > 0 or rolled_back:
-            self.policy_version += 1
+    def _metrics(
+        self, prep: _Prepared, first_targets: Targets, sums: dict[str, list[Tensor]], extra: dict[str, Tensor],
+        num_updates: int,
+    ) -> dict[str, float]:  # fmt: skip
+        """Scalar metrics of one train call (statistics of the fresh columns; replay's in ``extra``)."""
         metrics = {k: torch.stack(v).mean() for k, v in sums.items()}
-        assert first_targets is not None
-        if self.replay is not None:
-            metrics.update(self._replay_after_train(fresh, targets, replayed, mask, num_envs, version_before))
-            # The metrics below describe the fresh columns only, as with replay off.
-            first_targets = Targets(*(x[:, :num_envs] for x in first_targets))
-            mask = mask.reshape(num_steps, -1)[:, :num_envs].reshape(-1) if mask is not None else None
+        metrics.update(extra)
+        mask = prep.mask
+        if prep.replayed is not None:  # the metrics below describe the fresh columns only, as with replay off
+            first_targets = Targets(*(x[:, : prep.num_envs] for x in first_targets))
+            mask = mask.reshape(prep.num_steps, -1)[:, : prep.num_envs].reshape(-1) if mask is not None else None
         pg_adv = first_targets.pg_advantages.reshape(-1)
         metrics["adv_mean"] = masked_mean(pg_adv, mask)
         metrics["adv_std"] = masked_mean((pg_adv - metrics["adv_mean"]).square(), mask).sqrt()
@@ -498,7 +539,7 @@ class Learner:
         )
         metrics["masked_frac"] = 1.0 - mask.float().mean() if mask is not None else torch.zeros(())
         out = {k: float(v) for k, v in metrics.items()}  # SYNC: metrics read back once per train call
-        if cfg.lr_schedule == "kl_adaptive" and "kl" in out:
+        if self.cfg.lr_schedule == "kl_adaptive" and "kl" in out:
             self._adapt_lr(out["kl"])
         out.update(
             lr=self.current_lr(), num_updates=float(num_updates), nonfinite_skips=float(self.nonfinite_skips),
@@ -507,6 +548,28 @@ class Learner:
         for key in ("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "grad_norm"):
             out.setdefault(key, float("nan"))  # no good update in this call
         return out
+
+    def train(self, batch: Any) -> dict[str, float]:
+        """One APPO iteration on ``batch`` (a TensorDict or dict of trajectory tensors, see docs/learner.md).
+
+        Returns scalar metrics: policy_loss, value_loss, entropy, kl, clip_frac, grad_norm (means over the good
+        updates of this call), lr, adv_mean, adv_std (raw V-trace advantages), explained_variance, masked_frac,
+        num_updates (this call), and the cumulative nonfinite_skips and rollbacks.
+        """
+        prep = self._prepare(batch)
+        updates_before = self.num_updates
+        first_targets, last_targets, sums, rolled_back = self._optimize(prep)
+        num_updates = self.num_updates - updates_before
+        version_before = self.policy_version
+        # INVARIANT: the one place env steps are counted; fresh steps only (replayed ones were counted when fresh).
+        self.env_steps += prep.num_steps * prep.num_envs
+        if num_updates > 0 or rolled_back:
+            self.policy_version += 1
+        extra: dict[str, Tensor] = {}
+        if self.replay is not None:
+            extra = self._replay_after_train(prep.fresh, last_targets, prep.replayed, prep.mask, prep.num_envs,
+                                             version_before)  # fmt: skip
+        return self._metrics(prep, first_targets, sums, extra, num_updates)
 
     def _replay_after_train(
         self, fresh: dict[str, Tensor], targets: Targets, replayed: Any, mask: Tensor | None, num_envs: int,

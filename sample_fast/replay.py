@@ -19,9 +19,12 @@ from torch import Tensor
 from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter
 from torchrl.data.replay_buffers.samplers import Sampler
 
-#: The per-step keys a segment keeps. ``values`` is informational in the batch and is not replayed (V-trace
+#: The per-step ``[T, b]`` keys a segment keeps. ``values`` is informational in the batch and is not replayed (V-trace
 #: recomputes values with the current critic); ``policy_version`` is optional in the batch and filled if absent.
-SEGMENT_KEYS = ("obs", "actions", "behavior_logp", "rewards", "terminated", "truncated", "next_obs", "policy_version")
+#: Besides them a segment keeps its ``obs`` rows ``[T + 1, b]`` (row T: its bootstrap observation) and its own
+#: truncation side table (``FINAL_KEYS``: the final observations of its truncated steps, env indices local to it).
+SEGMENT_KEYS = ("actions", "behavior_logp", "rewards", "terminated", "truncated", "policy_version")
+FINAL_KEYS = ("final_obs", "final_step_idx", "final_env_idx", "final_count")
 PRIORITY_KINDS = ("pg_advantage", "value_error")
 
 
@@ -218,6 +221,7 @@ class TrajectoryReplay:
             writer=RoundRobinWriter(), batch_size=None,
         )  # fmt: skip
         self.segment_shape: tuple[int, int] | None = None  # (T, b) once the first segments arrive
+        self.final_rows: int | None = None  # rows of each segment's truncation side table, once known
         self.num_added = 0
         self.num_sampled = 0
 
@@ -253,9 +257,12 @@ class TrajectoryReplay:
     def add(self, batch: dict[str, Tensor], priorities: Tensor | None = None, policy_version: int = 0) -> Tensor:
         """Cut a ``[T, B]`` batch (raw rewards, the original ``behavior_logp``) into ``B / b`` segments and store them.
 
-        ``priorities`` ``[B / b]`` (None: the max priority seen so far). ``policy_version`` fills the per-step
-        versions when the batch has none. Returns the memory indices ``[B / b]``. The oldest segments are
-        overwritten once the memory is full (FIFO).
+        ``batch`` follows the trajectory contract (docs/learner.md): ``obs`` ``[T + 1, B, ...]`` and the side table
+        ``final_obs [K, ...]``, ``final_step_idx``/``final_env_idx`` ``[K]``, ``final_count``. Each segment keeps
+        its ``T + 1`` obs rows and its truncations in a table of ``b * ceil(K / B)`` rows (the slot's per-env worst
+        case). ``priorities`` ``[B / b]`` (None: the max priority seen so far). ``policy_version`` fills the
+        per-step versions when the batch has none. Returns the memory indices ``[B / b]``. The oldest segments
+        are overwritten once the memory is full (FIFO).
         """
         from tensordict import TensorDict
 
@@ -264,14 +271,15 @@ class TrajectoryReplay:
         b = self.cfg.segment_envs
         num_segments = num_envs // b
         fields = {}
-        for key in SEGMENT_KEYS:
+        for key in (*SEGMENT_KEYS, "obs"):
             if key == "policy_version" and key not in batch:
                 value = torch.full((num_steps, num_envs), policy_version, dtype=torch.int64, device=self.device)
             else:
                 value = batch[key].to(self.device)
             # [T, B, ...] -> [T, n, b, ...] -> [n, T, b, ...]: each segment keeps its time axis and its columns.
-            fields[key] = value.reshape(num_steps, num_segments, b, *value.shape[2:]).transpose(0, 1)
-        segments = TensorDict(fields, batch_size=[num_segments, num_steps, b], device=self.device)
+            fields[key] = value.reshape(value.shape[0], num_segments, b, *value.shape[2:]).transpose(0, 1)
+        fields.update(self._segment_tables(batch, num_envs))
+        segments = TensorDict(fields, batch_size=[num_segments], device=self.device)
         index = self.buffer.extend(segments)
         index = torch.as_tensor(index, device=self.device)
         self.sampler.newest_version[index] = fields["policy_version"].amax(dim=(1, 2))
@@ -280,6 +288,37 @@ class TrajectoryReplay:
         self.segment_shape = (num_steps, b)
         self.num_added += num_segments
         return index
+
+    def _segment_tables(self, batch: dict[str, Tensor], num_envs: int) -> dict[str, Tensor]:
+        """Split a batch's truncation side table into per-segment tables ``[n, rows, ...]`` (rows padded)."""
+        b = self.cfg.segment_envs
+        num_segments = num_envs // b
+        rows = b * -(-batch["final_obs"].shape[0] // num_envs)  # ceil(K / B) rows per env column
+        if self.final_rows is not None and rows != self.final_rows:
+            raise ReplayConfigError(
+                f"replay: segments hold {self.final_rows} final-obs rows but this batch needs {rows}; the rollout "
+                "length and the env's max_episode_steps must stay fixed while replay is on"
+            )
+        count = int(batch["final_count"])  # SYNC: one host read sizes the table
+        final_obs = batch["final_obs"][:count].to(self.device)
+        step_idx = batch["final_step_idx"][:count].to(self.device)
+        env_idx = batch["final_env_idx"][:count].to(self.device)
+        segment = env_idx // b
+        order = torch.argsort(segment, stable=True)
+        segment, final_obs, step_idx, env_idx = segment[order], final_obs[order], step_idx[order], env_idx[order]
+        counts = torch.bincount(segment, minlength=num_segments)
+        # position of each row within its segment's table: its rank among the rows of the same segment
+        pos = torch.arange(count, device=self.device) - (torch.cumsum(counts, 0) - counts)[segment]
+        if count and int(counts.max()) > rows:  # SYNC: only with truncations
+            raise ReplayConfigError(f"replay: a segment has {int(counts.max())} truncated steps, more than {rows} rows")
+        out_obs = torch.zeros(num_segments, rows, *final_obs.shape[1:], dtype=final_obs.dtype, device=self.device)
+        out_step = torch.zeros(num_segments, rows, dtype=torch.int64, device=self.device)
+        out_env = torch.zeros(num_segments, rows, dtype=torch.int64, device=self.device)
+        out_obs[segment, pos] = final_obs
+        out_step[segment, pos] = step_idx
+        out_env[segment, pos] = env_idx % b  # local column within the segment
+        self.final_rows = rows
+        return {"final_obs": out_obs, "final_step_idx": out_step, "final_env_idx": out_env, "final_count": counts}
 
     @torch.no_grad()
     def sample(self, num_segments: int, learner_version: int, beta: float) -> ReplaySample | None:
@@ -294,11 +333,20 @@ class TrajectoryReplay:
             return None
         segments, info = self.buffer.sample(num_segments, return_info=True)
         index = torch.as_tensor(info["index"], device=self.device)
-        num_steps, b = segments.batch_size[1], segments.batch_size[2]
+        b = self.cfg.segment_envs
         # [n, T, b, ...] -> [T, n * b, ...]: replayed segments become extra env columns of the batch.
-        data = {key: segments[key].transpose(0, 1).reshape(num_steps, num_segments * b, *segments[key].shape[3:])
-                for key in SEGMENT_KEYS}  # fmt: skip
+        data = {key: segments[key].transpose(0, 1).reshape(segments[key].shape[1], num_segments * b,
+                                                           *segments[key].shape[3:])
+                for key in (*SEGMENT_KEYS, "obs")}  # fmt: skip
+        # The segments' side tables, compacted into one table of the drawn columns (env index = column in data).
+        valid = torch.arange(self.final_rows, device=self.device) < segments["final_count"].unsqueeze(1)
+        offset = (torch.arange(num_segments, device=self.device) * b).unsqueeze(1)
+        data["final_obs"] = segments["final_obs"][valid]
+        data["final_step_idx"] = segments["final_step_idx"][valid]
+        data["final_env_idx"] = (segments["final_env_idx"] + offset)[valid]
+        data["final_count"] = torch.tensor(data["final_obs"].shape[0], device=self.device)
         weights = info["priority_weight"].float().to(self.device)
+        num_steps = data["rewards"].shape[0]
         weights = weights.repeat_interleave(b).unsqueeze(0).expand(num_steps, -1)
         self.num_sampled += num_segments
         return ReplaySample(data, index, weights)
@@ -325,13 +373,22 @@ class TrajectoryReplay:
                 bound to the learner's scaler); None keeps them raw.
 
         Returns ``(data, rewards, mask, weights)``: data holds the keys V-trace and the loss need (behaviour logp
-        stays the acting policy's: V-trace's ratios correct for the segment's age), mask ``[T, B + n b]`` bool,
+        stays the acting policy's: V-trace's ratios correct for the segment's age; ``obs`` ``[T + 1, B + n b]``; one
+        side table whose ``final_count`` rows are all valid), mask ``[T, B + n b]`` bool,
         weights ``[T, B + n b]`` float32 (1 for fresh columns, the IS weight for replayed ones).
         """
         replayed = sample.data
         num_steps, num_envs = fresh_rewards.shape
         device = fresh_rewards.device
-        data = {key: torch.cat([fresh[key], replayed[key].to(device)], dim=1) for key in SEGMENT_KEYS[:-1]}
+        data = {key: torch.cat([fresh[key], replayed[key].to(device)], dim=1)
+                for key in ("obs", *SEGMENT_KEYS[:-1])}  # fmt: skip
+        # One side table for the joined columns: the fresh rows, then the replayed ones shifted past the B fresh.
+        count = int(fresh["final_count"])  # SYNC: one host read sizes the fresh table
+        data["final_obs"] = torch.cat([fresh["final_obs"][:count], replayed["final_obs"].to(device)])
+        data["final_step_idx"] = torch.cat([fresh["final_step_idx"][:count], replayed["final_step_idx"].to(device)])
+        data["final_env_idx"] = torch.cat([fresh["final_env_idx"][:count],
+                                           replayed["final_env_idx"].to(device) + num_envs])  # fmt: skip
+        data["final_count"] = torch.tensor(data["final_obs"].shape[0], device=device)
         replay_rewards = replayed["rewards"].to(device)
         if scale_rewards is not None:
             replay_rewards = scale_rewards(replay_rewards)

@@ -216,6 +216,8 @@ class Runner:
                 cfg.rollout_len,
                 first.num_envs,
                 cfg.num_slots,
+                max_episode_steps=first.max_episode_steps,
+                store_values=cfg.store_values,
                 device=first.device,
             )
             self.episodes = EpisodeRing(cfg.episode_capacity, shared=False)
@@ -236,10 +238,14 @@ class Runner:
             return
         try:
             obs_spec, act_spec, num_envs = first.observation_spec, first.action_spec, first.num_envs
+            max_episode_steps = first.max_episode_steps  # sizes the slots' truncation side table
         finally:
             first.close()
         ctx = mp.get_context(cfg.mp_start_method)
-        self.store = TrajectoryStore(obs_spec, act_spec, cfg.rollout_len, num_envs, cfg.num_slots, shared=True, ctx=ctx)
+        self.store = TrajectoryStore(
+            obs_spec, act_spec, cfg.rollout_len, num_envs, cfg.num_slots, max_episode_steps=max_episode_steps,
+            store_values=cfg.store_values, shared=True, ctx=ctx,
+        )  # fmt: skip
         self.param_store = ParamStore(self.policy)
         self._publish()
         self.episodes = EpisodeRing(cfg.episode_capacity, shared=True)

@@ -4,7 +4,9 @@ Double buffering: the envs are ``num_splits`` groups, each its own ``BatchedEnv`
 The loop visits the groups round-robin: ``recv`` group i's step, write it, compute group i's next actions, ``send``
 them; while group i's policy forward runs, the other groups' physics runs on the env's worker threads (mujoco
 backend; for backends whose ``send`` is a no-op the order is the same and only the overlap is lost). Each group
-fills its own slot ``[T, num_envs_per_split]``, so a slot becomes READY every T steps of one group.
+fills its own slot ``[T, num_envs_per_split]``, so a slot becomes READY every T steps of one group. Each slot
+stores the observations once (``obs [T + 1, B]``: row T, the bootstrap, is written with the slot's last step) and
+the true final observations of truncated steps in a compact side table (layout in docs/sampler.md).
 
 It owns the envs, the acting policy copy and the per-split rollout state. It never computes losses and never
 touches the learner; weights arrive through the ParamStore (async) or a version callback (serial).
@@ -12,6 +14,8 @@ touches the learner; weights arrive through the ParamStore (async) or a version 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +51,9 @@ class SamplerConfig:
     #: ~1 us, a copy happens only when the learner published) or "slot" (only when a split starts a slot). On Ant
     #: "step" cut the mean policy lag from 2.5 to 0.7-1.0 versions, so V-trace clips less of each batch.
     weights_refresh: str = "step"
+    #: Run the critic in the sampler and store its predictions as a ``values`` key. The learner recomputes values
+    #: with its current critic and never reads them, so the default skips the critic forward (and the key).
+    store_values: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -130,6 +137,8 @@ class _Split:
     t: int = 0
     pending: bool = False
     views: dict[str, torch.Tensor] | None = None
+    written: torch.Tensor | None = None  # the slot's obs_written rows (integer observations only)
+    num_final: int = 0  # rows of the slot's final-obs side table written so far (host copy of final_count)
 
 
 def build_split_envs(
@@ -164,8 +173,11 @@ class Sampler:
 
     Args:
         envs: one BatchedEnv per split, all with ``num_envs == store.num_envs``.
-        policy: acting policy with ``act(obs) -> (actions, behavior_logp, values)`` (ActorCritic contract).
-        store: the TrajectoryStore; slots are ``[T, num_envs_per_split]``.
+        policy: acting policy with ``act(obs) -> (actions, behavior_logp, values)`` (ActorCritic contract). When
+            ``act`` takes a ``with_value`` keyword it is called with ``with_value=cfg.store_values`` (no critic
+            forward by default); otherwise its values are discarded unless stored.
+        store: the TrajectoryStore; slots are ``[T, num_envs_per_split]``; it has a ``values`` key exactly when
+            ``cfg.store_values``.
         cfg: SamplerConfig.
         param_store: async mode: newest weights are loaded from here before each policy forward (or at each slot
             start, per cfg.weights_refresh).
@@ -197,10 +209,18 @@ class Sampler:
                 raise ValueError(f"env has {env.num_envs} envs but store slots hold {store.num_envs}")
         if store.rollout_len != cfg.rollout_len:
             raise ValueError(f"store rollout_len {store.rollout_len} != sampler.rollout_len {cfg.rollout_len}")
+        if store.store_values != cfg.store_values:
+            raise ValueError(
+                f"sampler.store_values={cfg.store_values} but the store was built with store_values="
+                f"{store.store_values}; build it with TrajectoryStore(..., store_values=cfg.store_values)"
+            )
         self.cfg, self.store, self.policy = cfg, store, policy
         self.param_store, self.version_fn = param_store, version_fn
         self.episodes, self.control = episodes, control
         self.splits = [_Split(env) for env in envs]
+        self._act = policy.act
+        if "with_value" in inspect.signature(policy.act).parameters:
+            self._act = functools.partial(policy.act, with_value=cfg.store_values)
         first_param = next(iter(policy.parameters()), None) if hasattr(policy, "parameters") else None
         self._policy_device = first_param.device if first_param is not None else envs[0].device
         self.version = -1
@@ -248,9 +268,11 @@ class Sampler:
             return False
         if self.cfg.check_slots:
             self.store.poison(slot_idx)
-        split.slot_idx, split.t = slot_idx, 0
+        split.slot_idx, split.t, split.num_final = slot_idx, 0, 0
         slot = self.store.slot(slot_idx)
         split.views = {key: slot[key] for key in slot.keys()}
+        split.views["final_count"].fill_(0)  # INVARIANT: written even without check_slots (a reused slot's count)
+        split.written = self.store.obs_written[slot_idx] if self.store.obs_written is not None else None
         self._refresh_weights()  # newest weights at every slot start; each step records its version
         return True
 
@@ -261,13 +283,16 @@ class Sampler:
             self.version = int(self.version_fn())
         elif self.cfg.weights_refresh == "step" and split.t > 0:  # t == 0: _start_slot has just refreshed
             self.version = self.param_store.load_if_newer(self.policy, self.version)  # never blocks
-        actions, logp, values = self.policy.act(obs.to(self._policy_device))
+        actions, logp, values = self._act(obs.to(self._policy_device))
         actions = actions.to(split.env.device)
         v, t = split.views, split.t
         v["obs"][t].copy_(obs)
+        if split.written is not None:
+            split.written[t].fill_(True)
         v["actions"][t].copy_(actions)
         v["behavior_logp"][t].copy_(logp)
-        v["values"][t].copy_(values)
+        if self.cfg.store_values:
+            v["values"][t].copy_(values)
         v["policy_version"][t].fill_(self.version)
         split.env.send(actions)
         split.pending = True
@@ -279,21 +304,48 @@ class Sampler:
         v["rewards"][t].copy_(res.reward)
         v["terminated"][t].copy_(res.terminated)
         v["truncated"][t].copy_(res.truncated)
-        v["next_obs"][t].copy_(res.info["final_obs"])
         split.obs = res.obs
-        if self.episodes is not None:
-            done = res.terminated | res.truncated
-            if bool(done.any()):  # SYNC: one host read per split-step (CPU: ~1 us)
+        done = res.terminated | res.truncated
+        if bool(done.any()):  # SYNC: one host read per split-step (CPU: ~1 us)
+            if self.episodes is not None:
                 self.episodes.push(res.info["episode_return"][done], res.info["episode_length"][done])
+            live_trunc = res.truncated & ~res.terminated  # terminated steps need no bootstrap, hence no final obs
+            if bool(live_trunc.any()):  # SYNC: only on steps where an episode ended
+                self._record_final_obs(split, live_trunc, res.info["final_obs"])
         split.t += 1
         if split.t < self.cfg.rollout_len:
             return 0
+        # The bootstrap row: the observation after the slot's last step (also the next slot's row 0). Where that
+        # step truncated, it is the reset observation and the learner bootstraps from the side table instead.
+        v["obs"][split.t].copy_(res.obs)
+        if split.written is not None:
+            split.written[split.t].fill_(True)
         self.store.mark_ready(split.slot_idx)
-        split.slot_idx, split.views = None, None
+        split.slot_idx, split.views, split.written = None, None, None
         self.env_steps += self.cfg.rollout_len * self.store.num_envs
         if self.control is not None:
             self.control[CTRL_SAMPLER_STEPS] = self.env_steps
         return 1
+
+    def _record_final_obs(self, split: _Split, live_trunc: torch.Tensor, final_obs: torch.Tensor) -> None:
+        """Append the true final observations of this step's truncated envs to the slot's side table."""
+        env_idx = live_trunc.nonzero().flatten()
+        start, num = split.num_final, env_idx.numel()
+        end = start + num
+        capacity = self.store.final_capacity
+        if end > capacity:
+            raise RuntimeError(
+                f"slot side table overflow: {end} truncated steps in one slot, capacity {capacity} (sized from "
+                f"max_episode_steps); an env truncates more often than its time limit allows: build the "
+                "TrajectoryStore with max_episode_steps=None (T rows per env)"
+            )
+        v = split.views
+        v["final_obs"][start:end].copy_(final_obs[env_idx])
+        v["final_step_idx"][start:end].fill_(split.t)
+        v["final_env_idx"][start:end].copy_(env_idx)
+        # INVARIANT: the rows are written before the count that publishes them.
+        v["final_count"].fill_(end)
+        split.num_final = end
 
     # ----- shutdown -------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -307,7 +359,7 @@ class Sampler:
                 split.pending = False
             if split.slot_idx is not None:
                 self.store.discard(split.slot_idx)
-                split.slot_idx, split.views = None, None
+                split.slot_idx, split.views, split.written = None, None, None
 
     def close(self) -> None:
         """``stop()`` and close every env."""

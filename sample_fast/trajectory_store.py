@@ -1,7 +1,9 @@
 """TrajectoryStore: the shared-memory ring of rollout slots between the sampler and the learner.
 
-It owns one ``TensorDict`` ``[num_slots, T, B, ...]`` (keys in ``docs/sampler.md``) allocated once, poisoned at
-allocation, and a small shared int tensor of slot states guarded by one multiprocessing condition:
+It owns one ``TensorDict`` ``[num_slots]`` of per-slot tensors (keys in ``docs/sampler.md``: observations
+``[T + 1, B, ...]`` stored once, per-step ``[T, B]`` keys, and a compact side table of the true final observations
+of truncated steps), allocated once and poisoned at allocation, and a small shared int tensor of slot states
+guarded by one multiprocessing condition:
 
     FREE --acquire_free--> FILLING --mark_ready--> READY --acquire_ready--> TRAINING --release--> FREE
                               \\--discard (partial slot of a stopped/restarted sampler)--> FREE
@@ -12,6 +14,7 @@ computes losses.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -28,62 +31,115 @@ LEGAL_TRANSITIONS = {(FREE, FILLING), (FILLING, READY), (READY, TRAINING), (TRAI
 
 #: Poison written at allocation (and, with ``repoison``, whenever a slot starts FILLING): floats NaN, ints
 #: ``INT_POISON``, bools the byte 255 (a real bool is 0 or 1, so ``view(torch.uint8) > 1`` finds unwritten flags).
+#: Integer observations (uint8 pixels) have no spare value: every byte is a legal pixel. Their rows are tracked by
+#: the store's ``obs_written`` mask instead (see ``TrajectoryStore``).
 INT_POISON = -(2**62)
 BOOL_POISON_BYTE = 255
+
+#: The side table of truncated steps' final observations (the first ``final_count`` rows are valid).
+FINAL_KEYS = ("final_obs", "final_step_idx", "final_env_idx", "final_count")
+
+
+def final_obs_capacity(rollout_len: int, num_envs: int, max_episode_steps: int | None = None) -> int:
+    """Worst-case number of truncated steps in one ``[T, B]`` slot: the side table's row count.
+
+    Truncation is the time limit (``envs/base.py``): after one, an env's next truncation is at least
+    ``max_episode_steps = L`` steps later (a termination in between only restarts the clock), so T consecutive
+    steps hold at most ``ceil(T / L)`` truncations per env. Without a known L every step could truncate: ``T``.
+    Ant (L = 1000, T = 64): 1 row per env, i.e. ``B`` rows, against ``T * B`` for a dense ``next_obs``.
+    """
+    per_env = rollout_len if not max_episode_steps else math.ceil(rollout_len / max_episode_steps)
+    return num_envs * per_env
+
+
+def trajectory_spec(
+    observation_spec: Spec,
+    action_spec: Spec,
+    rollout_len: int,
+    num_envs: int,
+    *,
+    max_episode_steps: int | None = None,
+    store_values: bool = False,
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Key -> (per-slot shape, dtype) of one slot (the contract in docs/sampler.md).
+
+    ``obs`` ``[T + 1, B, ...]`` has the env's observation dtype (uint8 pixels stay uint8): row t is what step t
+    acted on, row T the observation after the last step (the bootstrap; the next slot's row 0). ``final_obs``
+    ``[K, ...]`` with ``final_step_idx``/``final_env_idx`` ``[K]`` and ``final_count`` ``[]`` hold the true final
+    observation of every truncated, not terminated step (K from ``final_obs_capacity``). ``values`` only with
+    ``store_values``.
+    """
+    T, B = rollout_len, num_envs
+    act_dtype = torch.int64 if action_spec.is_discrete else torch.float32
+    obs_shape, obs_dtype = tuple(observation_spec.shape), observation_spec.dtype
+    capacity = final_obs_capacity(T, B, max_episode_steps)
+    spec = {
+        "obs": ((T + 1, B, *obs_shape), obs_dtype),
+        "actions": ((T, B, *action_spec.shape), act_dtype),
+        "behavior_logp": ((T, B), torch.float32),
+        "rewards": ((T, B), torch.float32),
+        "terminated": ((T, B), torch.bool),
+        "truncated": ((T, B), torch.bool),
+        "policy_version": ((T, B), torch.int64),
+        "final_obs": ((capacity, *obs_shape), obs_dtype),
+        "final_step_idx": ((capacity,), torch.int64),
+        "final_env_idx": ((capacity,), torch.int64),
+        "final_count": ((), torch.int64),
+    }
+    if store_values:
+        spec["values"] = ((T, B), torch.float32)
+    return spec
+
+
+def fill_poison(tensor: torch.Tensor) -> None:
+    """Overwrite ``tensor`` in place with its dtype's poison value (integer observations: see ``obs_written``)."""
+    if tensor.dtype == torch.bool:
+        tensor.view(torch.uint8).fill_(BOOL_POISON_BYTE)
+    elif tensor.is_floating_point():
+        tensor.fill_(float("nan"))
+    elif tensor.dtype == torch.int64:
+        tensor.fill_(INT_POISON)
+    else:  # narrow ints (uint8 pixels): any byte is legal data, the obs_written mask tracks them
+        tensor.fill_(torch.iinfo(tensor.dtype).max)
+
+
+def poison_mask(tensor: torch.Tensor) -> torch.Tensor:
+    """Bool mask of entries of ``tensor`` that still hold the poison value (all False for narrow ints)."""
+    if tensor.dtype == torch.bool:
+        return tensor.view(torch.uint8) > 1
+    if tensor.is_floating_point():
+        return torch.isnan(tensor)
+    if tensor.dtype == torch.int64:
+        return tensor == INT_POISON
+    return torch.zeros_like(tensor, dtype=torch.bool)
 
 
 class SlotStateError(RuntimeError):
     """An illegal slot-state transition (a bug in the caller: e.g. training a slot that is still FILLING)."""
 
 
-def trajectory_spec(observation_spec: Spec, action_spec: Spec) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Per-step key -> (shape, dtype) of the trajectory batch (the contract in docs/sampler.md)."""
-    act_dtype = torch.int64 if action_spec.is_discrete else torch.float32
-    obs_shape = tuple(observation_spec.shape)
-    return {
-        "obs": (obs_shape, torch.float32),
-        "actions": (tuple(action_spec.shape), act_dtype),
-        "behavior_logp": ((), torch.float32),
-        "values": ((), torch.float32),
-        "rewards": ((), torch.float32),
-        "terminated": ((), torch.bool),
-        "truncated": ((), torch.bool),
-        "next_obs": (obs_shape, torch.float32),
-        "policy_version": ((), torch.int64),
-    }
-
-
-def fill_poison(tensor: torch.Tensor) -> None:
-    """Overwrite ``tensor`` in place with its dtype's poison value."""
-    if tensor.dtype == torch.bool:
-        tensor.view(torch.uint8).fill_(BOOL_POISON_BYTE)
-    elif tensor.is_floating_point():
-        tensor.fill_(float("nan"))
-    else:
-        tensor.fill_(INT_POISON)
-
-
-def poison_mask(tensor: torch.Tensor) -> torch.Tensor:
-    """Bool mask of entries of ``tensor`` that still hold the poison value."""
-    if tensor.dtype == torch.bool:
-        return tensor.view(torch.uint8) > 1
-    if tensor.is_floating_point():
-        return torch.isnan(tensor)
-    return tensor == INT_POISON
-
-
 class TrajectoryStore:
-    """Shared-memory rollout slots ``[num_slots, T, B, ...]`` with a FREE/FILLING/READY/TRAINING state machine.
+    """Shared-memory rollout slots with a FREE/FILLING/READY/TRAINING state machine (layout: ``trajectory_spec``).
 
     Args:
-        observation_spec, action_spec: the env's specs (``env.observation_spec``, ``env.action_spec``).
+        observation_spec, action_spec: the env's specs (``env.observation_spec``, ``env.action_spec``); the
+            observations are stored in ``observation_spec.dtype``.
         rollout_len: T, steps per slot.
         num_envs: B, envs per slot (all splits of the sampler together).
         num_slots: slots in the ring; >= 2 lets the sampler fill one while the learner trains on another.
+        max_episode_steps: the env's time limit (``env.max_episode_steps``); sizes the truncation side table
+            (``final_obs_capacity``). None: the worst case, T rows per env.
+        store_values: keep a ``values`` ``[T, B]`` key (the acting critic's predictions; the learner ignores it).
         device: where the tensors live. Shared memory (``shared=True``) needs the CPU.
         shared: allocate in shared memory and guard states with ``ctx``'s condition, so a child process started
             with ``ctx`` can be handed this object. False: a plain in-process store with a threading condition.
         ctx: the multiprocessing context the child will be started with (spawn/forkserver).
+
+    Attributes:
+        obs_written: ``[num_slots, T + 1, B]`` bool, only for integer observations (uint8 pixels, which have no
+            poison value): False until the sampler writes that obs row; ``poison`` clears it and ``find_poison``
+            counts its False entries as ``obs`` (and the side table's rows through their int64 indices). None
+            for float observations, whose NaN poison catches unwritten rows directly.
     """
 
     def __init__(
@@ -94,6 +150,8 @@ class TrajectoryStore:
         num_envs: int,
         num_slots: int,
         *,
+        max_episode_steps: int | None = None,
+        store_values: bool = False,
         device: str | torch.device = "cpu",
         shared: bool = False,
         ctx: Any = None,
@@ -105,6 +163,8 @@ class TrajectoryStore:
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if max_episode_steps is not None and (not isinstance(max_episode_steps, int) or max_episode_steps < 1):
+            raise ValueError(f"max_episode_steps must be an int >= 1 or None, got {max_episode_steps!r}")
         device = torch.device(device)
         if shared and device.type != "cpu":
             raise ValueError(f"a shared TrajectoryStore must live on the CPU (got device {device}); use shared=False")
@@ -113,14 +173,19 @@ class TrajectoryStore:
         self.rollout_len, self.num_envs, self.num_slots = rollout_len, num_envs, num_slots
         self.device = device
         self.shared = shared
-        self.spec = trajectory_spec(observation_spec, action_spec)
-        tensors = {
-            key: torch.empty((num_slots, rollout_len, num_envs, *shape), dtype=dtype, device=device)
-            for key, (shape, dtype) in self.spec.items()
-        }
-        for tensor in tensors.values():
-            fill_poison(tensor)
-        self.data = TensorDict(tensors, batch_size=[num_slots, rollout_len, num_envs], device=device)
+        self.store_values = store_values
+        self.spec = trajectory_spec(
+            observation_spec, action_spec, rollout_len, num_envs,
+            max_episode_steps=max_episode_steps, store_values=store_values,
+        )  # fmt: skip
+        self.final_capacity = self.spec["final_obs"][0][0]
+        tensors = {key: torch.empty((num_slots, *shape), dtype=dtype, device=device)
+                   for key, (shape, dtype) in self.spec.items()}  # fmt: skip
+        self.data = TensorDict(tensors, batch_size=[num_slots], device=device)
+        self.obs_written: torch.Tensor | None = None
+        if not observation_spec.dtype.is_floating_point:
+            self.obs_written = torch.zeros((num_slots, rollout_len + 1, num_envs), dtype=torch.bool, device=device)
+        self.poison()
         # states[i]: slot i's state; ready_seq[i]: order in which slots became READY (the learner takes the oldest);
         # counters[0]: next ready sequence number.
         self.states = torch.full((num_slots,), FREE, dtype=torch.int64)
@@ -130,9 +195,18 @@ class TrajectoryStore:
             self.data.share_memory_()
             for t in (self.states, self.ready_seq, self.counters):
                 t.share_memory_()
+            if self.obs_written is not None:
+                self.obs_written.share_memory_()
             self._cond = ctx.Condition(ctx.Lock())
         else:
             self._cond = threading.Condition(threading.Lock())
+
+    def bytes_per_slot(self) -> int:
+        """Bytes of one slot's tensors (the ``obs_written`` mask included)."""
+        total = sum(t.numel() * t.element_size() for t in self.data[0].values())
+        if self.obs_written is not None:
+            total += self.obs_written[0].numel()
+        return total
 
     # ----- pickling: the condition is handed to the child at Process start; the TensorDict's leaves are shared
     def __getstate__(self) -> dict[str, Any]:
@@ -230,21 +304,50 @@ class TrajectoryStore:
         view = self.data if slot_idx is None else self.data[slot_idx]
         for tensor in view.values():
             fill_poison(tensor)
+        if self.obs_written is not None:
+            (self.obs_written if slot_idx is None else self.obs_written[slot_idx]).fill_(False)
 
     def find_poison(self, slot_idx: int) -> dict[str, int]:
-        """Key -> number of still-poisoned entries in slot ``slot_idx`` (empty dict: fully written)."""
+        """Key -> number of still-poisoned entries in slot ``slot_idx`` (empty dict: fully written).
+
+        Side table: ``final_count`` poisoned counts 1; otherwise only its first ``final_count`` rows are checked
+        (the rest are legitimately unused). uint8 ``obs``: counts the unwritten rows of ``obs_written`` (rows, not
+        entries); uint8 ``final_obs`` rows are written with their int64 indices, which are checked.
+        """
         bad = {}
-        for key, tensor in self.slot(slot_idx).items():
-            count = int(poison_mask(tensor).sum())  # SYNC: host read
-            if count:
-                bad[key] = count
+        slot = self.slot(slot_idx)
+        count_t = slot["final_count"]
+        count = None if bool(poison_mask(count_t)) else int(count_t)  # SYNC: host read
+        for key, tensor in slot.items():
+            if key == "final_count":
+                num = int(count is None)
+            elif key in FINAL_KEYS:
+                num = 0 if count is None else int(poison_mask(tensor[:count]).sum())  # SYNC: host read
+            else:
+                num = int(poison_mask(tensor).sum())  # SYNC: host read
+            if key == "obs" and self.obs_written is not None:
+                num += int((~self.obs_written[slot_idx]).sum())
+            if num:
+                bad[key] = num
         return bad
 
     def check_written(self, slot_idx: int) -> None:
-        """Raise RuntimeError naming the keys of slot ``slot_idx`` that hold unwritten (poison) data."""
+        """Raise RuntimeError naming the keys of slot ``slot_idx`` that hold unwritten (poison) data, or if its side
+        table does not list exactly its truncated, not terminated steps."""
         bad = self.find_poison(slot_idx)
         if bad:
             raise RuntimeError(
                 f"slot {slot_idx} holds unwritten data (poison values) in {bad} (key: entries); the sampler marked it "
                 "READY before writing every step, or the policy produced NaN values/log-probs"
+            )
+        slot = self.slot(slot_idx)
+        count = int(slot["final_count"])  # SYNC: host reads, ~1 ms per slot with check_slots
+        live_trunc = slot["truncated"] & ~slot["terminated"]
+        expected = int(live_trunc.sum())
+        listed = live_trunc[slot["final_step_idx"][:count], slot["final_env_idx"][:count]] if count > 0 else None
+        misplaced = listed is not None and not bool(listed.all())
+        if count != expected or not 0 <= count <= self.final_capacity or misplaced:
+            raise RuntimeError(
+                f"slot {slot_idx}: the final-obs side table lists {count} rows (capacity {self.final_capacity}) but "
+                f"the slot has {expected} truncated, not terminated steps; every such step needs its final obs"
             )

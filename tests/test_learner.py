@@ -37,8 +37,9 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-def make_batch(policy: ActorCritic, num_steps: int = 8, num_envs: int = 6, seed: int = 0, version: int = 0):
-    """An on-policy batch: obs random, actions from ``policy.act``; episodes end at fixed places."""
+def make_old_batch(policy: ActorCritic, num_steps: int = 8, num_envs: int = 6, seed: int = 0, version: int = 0):
+    """An on-policy batch in the OLD layout (obs and next_obs both ``[T, B]``): obs random, actions from
+    ``policy.act``; episodes end at fixed places, one truncation at the last step (env 3)."""
     gen = torch.Generator().manual_seed(seed)
     obs = torch.randn(num_steps, num_envs, 3, generator=gen)
     next_obs = torch.cat([obs[1:], torch.randn(1, num_envs, 3, generator=gen)])
@@ -64,6 +65,39 @@ def make_batch(policy: ActorCritic, num_steps: int = 8, num_envs: int = 6, seed:
         },
         batch_size=[num_steps, num_envs],
     )
+
+
+def to_slot_layout(old: TensorDict, seed: int = 0) -> TensorDict:
+    """The same rollout in the slot layout (docs/sampler.md): ``obs [T + 1, B]`` and a side table of the final obs
+    of truncated, not terminated steps, padded with NaN to its worst case T * B rows.
+
+    Row T is ``next_obs[T - 1]`` where the last step continued the episode, else a reset observation of the next
+    episode (random here: it must never be bootstrapped from)."""
+    num_steps, num_envs = old.batch_size
+    gen = torch.Generator().manual_seed(1000 + seed)
+    term, trunc = old["terminated"], old["truncated"]
+    last = old["next_obs"][-1].clone()
+    last_done = term[-1] | trunc[-1]
+    last[last_done] = torch.randn(int(last_done.sum()), *last.shape[1:], generator=gen)
+    step_idx, env_idx = (trunc & ~term).nonzero(as_tuple=True)
+    count, capacity = step_idx.numel(), num_steps * num_envs
+    final_obs = torch.full((capacity, *old["obs"].shape[2:]), float("nan"))
+    final_obs[:count] = old["next_obs"][step_idx, env_idx]
+    pad = torch.full((capacity - count,), -1, dtype=torch.int64)
+    data = {k: old[k] for k in ("actions", "behavior_logp", "rewards", "terminated", "truncated", "policy_version")}
+    data.update(
+        obs=torch.cat([old["obs"], last[None]]),
+        final_obs=final_obs,
+        final_step_idx=torch.cat([step_idx, pad]),
+        final_env_idx=torch.cat([env_idx, pad]),
+        final_count=torch.tensor(count),
+    )
+    return TensorDict(data, batch_size=[])
+
+
+def make_batch(policy: ActorCritic, num_steps: int = 8, num_envs: int = 6, seed: int = 0, version: int = 0):
+    """``make_old_batch`` in the slot layout the learner takes."""
+    return to_slot_layout(make_old_batch(policy, num_steps, num_envs, seed, version), seed)
 
 
 def params_of(policy: ActorCritic) -> list[torch.Tensor]:
@@ -136,21 +170,22 @@ def test_kl_explained_variance_and_advantage_normalisation():
 
 
 # ----- V-trace targets through compute_targets ----------------------------------------------------------------
-def discounted_returns(batch: TensorDict, policy: ActorCritic, gamma: float) -> torch.Tensor:
-    """Independent float64 expectation for on-policy V-trace with lambda = 1: bootstrapped discounted returns.
+def discounted_returns(old: TensorDict, policy: ActorCritic, gamma: float) -> torch.Tensor:
+    """Independent float64 expectation for on-policy V-trace with lambda = 1: bootstrapped discounted returns,
+    from the OLD layout's dense next_obs.
 
     G_t = r_t + gamma * (0 if terminated; V(next_obs_t) if truncated or t = T-1; else G_{t+1}).
     """
-    num_steps, num_envs = batch.batch_size
+    num_steps, num_envs = old.batch_size
     with torch.no_grad():
-        v_next = policy.value(batch["next_obs"].reshape(-1, 3)).reshape(num_steps, num_envs).double()
-    rewards = batch["rewards"].double()
+        v_next = policy.value(old["next_obs"].reshape(-1, 3)).reshape(num_steps, num_envs).double()
+    rewards = old["rewards"].double()
     returns = torch.zeros(num_steps, num_envs, dtype=torch.float64)
     for b in range(num_envs):
         for t in reversed(range(num_steps)):
-            if batch["terminated"][t, b]:
+            if old["terminated"][t, b]:
                 nxt = 0.0
-            elif batch["truncated"][t, b] or t == num_steps - 1:
+            elif old["truncated"][t, b] or t == num_steps - 1:
                 nxt = v_next[t, b]
             else:
                 nxt = returns[t + 1, b]
@@ -158,17 +193,24 @@ def discounted_returns(batch: TensorDict, policy: ActorCritic, gamma: float) -> 
     return returns
 
 
+def targets_of(policy, b, vtrace_fn=_torch_vtrace, gamma=0.9, lam=1.0):
+    """compute_targets on a slot-layout batch (its valid side-table rows)."""
+    count = int(b["final_count"])
+    return compute_targets(
+        policy, b["obs"], b["actions"], b["behavior_logp"], b["rewards"], b["terminated"], b["truncated"],
+        b["final_obs"][:count], b["final_step_idx"][:count], b["final_env_idx"][:count],
+        gamma=gamma, lam=lam, rho_clip=1.0, c_clip=1.0, vtrace_fn=vtrace_fn,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("which", ["reference", "default"])
 def test_on_policy_vtrace_equals_discounted_return_targets(which):
     torch.manual_seed(0)
     policy = ActorCritic(OBS, CONT, SMALL)
-    batch = make_batch(policy)
-    vtrace_fn = _torch_vtrace if which == "reference" else default_vtrace_fn()
-    targets = compute_targets(
-        policy, batch["obs"], batch["actions"], batch["behavior_logp"], batch["rewards"], batch["terminated"],
-        batch["truncated"], batch["next_obs"], gamma=0.9, lam=1.0, rho_clip=1.0, c_clip=1.0, vtrace_fn=vtrace_fn,
-    )  # fmt: skip
-    expected = discounted_returns(batch, policy, 0.9)
+    old = make_old_batch(policy)
+    batch = to_slot_layout(old)
+    targets = targets_of(policy, batch, _torch_vtrace if which == "reference" else default_vtrace_fn())
+    expected = discounted_returns(old, policy, 0.9)
     torch.testing.assert_close(targets.target_logp, batch["behavior_logp"], rtol=1e-5, atol=1e-5)  # on-policy
     torch.testing.assert_close(targets.value_targets.double(), expected, rtol=1e-4, atol=1e-4)
     # On-policy, lambda = 1: the pg advantage is GAE(1) = G_t - V(obs_t).
@@ -179,26 +221,122 @@ def test_truncated_bootstraps_terminated_does_not():
     torch.manual_seed(0)
     policy = ActorCritic(OBS, CONT, SMALL)
     batch = make_batch(policy)
-
-    def targets_for(b):
-        return compute_targets(
-            policy, b["obs"], b["actions"], b["behavior_logp"], b["rewards"], b["terminated"], b["truncated"],
-            b["next_obs"], gamma=0.9, lam=1.0, rho_clip=1.0, c_clip=1.0, vtrace_fn=_torch_vtrace,
-        ).value_targets  # fmt: skip
-
-    base = targets_for(batch)
-    # Terminated at (t=2, env 0): target = reward, whatever the final observation is.
+    base = targets_of(policy, batch).value_targets
+    # Terminated at (t=2, env 0): target = reward; it has no side-table row at all.
     assert base[2, 0].item() == pytest.approx(batch["rewards"][2, 0].item(), abs=1e-6)
+    count = int(batch["final_count"])
+    rows = list(zip(batch["final_step_idx"][:count].tolist(), batch["final_env_idx"][:count].tolist(), strict=True))
+    assert rows == [(3, 2), (7, 3)]
     # Truncated at (t=3, env 2): target = r + 0.9 * V(final_obs).
-    v_final = policy.value(batch["next_obs"][3, 2][None]).item()
+    v_final = policy.value(batch["final_obs"][0][None]).item()
     assert base[3, 2].item() == pytest.approx(batch["rewards"][3, 2].item() + 0.9 * v_final, abs=1e-5)
     moved = batch.clone()
-    moved["next_obs"][2, 0] += 5.0  # terminated row: must not matter
-    torch.testing.assert_close(targets_for(moved), base)
-    moved = batch.clone()
-    moved["next_obs"][3, 2] += 5.0  # truncated row: bootstraps, so targets up to t=3 in env 2 change
-    changed = (targets_for(moved) - base).abs() > 1e-6
+    moved["final_obs"][0] += 5.0  # truncated row: bootstraps, so targets up to t=3 in env 2 change
+    changed = (targets_of(policy, moved).value_targets - base).abs() > 1e-6
     assert changed[:4, 2].all() and not changed[4:, 2].any() and not changed[:, [0, 1, 3, 4, 5]].any()
+
+
+def test_truncation_at_the_last_step_bootstraps_from_the_true_final_obs():
+    # Env 3 truncates at t = T-1 = 7: obs[T, 3] is the NEXT episode's reset obs; the bootstrap must be V(final_obs).
+    # Env 1 terminates at t = 7: no bootstrap at all. Env 4 continues: bootstrap V(obs[T, 4]).
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    old = make_old_batch(policy)
+    old["terminated"][5, 1] = False
+    old["terminated"][7, 1] = True
+    batch = to_slot_layout(old)
+    base = targets_of(policy, batch).value_targets
+    r = batch["rewards"][7]
+    v_final = policy.value(batch["final_obs"][1][None]).item()  # row 1: (t=7, env 3)
+    v_boot = policy.value(batch["obs"][8, 4][None]).item()
+    assert base[7, 3].item() == pytest.approx(r[3].item() + 0.9 * v_final, abs=1e-5)
+    assert base[7, 1].item() == pytest.approx(r[1].item(), abs=1e-6)
+    assert base[7, 4].item() == pytest.approx(r[4].item() + 0.9 * v_boot, abs=1e-5)
+    moved = batch.clone()
+    moved["obs"][8, 3] += 5.0  # the reset obs after the truncation: never bootstrapped from
+    moved["obs"][8, 1] += 5.0  # the reset obs after the termination: no bootstrap either
+    torch.testing.assert_close(targets_of(policy, moved).value_targets, base, rtol=0, atol=0)
+    moved["obs"][8, 4] += 5.0  # a live column's bootstrap row: changes env 4's targets
+    assert ((targets_of(policy, moved).value_targets - base).abs() > 1e-6)[:, 4].all()
+
+
+def old_layout_targets(policy, old, gamma, lam):
+    """The learner's targets as computed BEFORE the slot-layout change (dense next_obs), in float64: the
+    reference the new layout must reproduce. Returns ``(pg_advantages, value_targets, vtrace inputs)``."""
+    from sample_fast.extensions._reference import vtrace_reference
+
+    num_steps, num_envs = old.batch_size
+    flat = num_steps * num_envs
+    with torch.no_grad():
+        target_logp, _, values = policy.evaluate(old["obs"].reshape(flat, 3), old["actions"].reshape(flat, 2))
+        trunc_mask = old["truncated"] & ~old["terminated"]
+        trunc_mask[-1] = False
+        next_values = policy.value(torch.cat([old["next_obs"][-1], old["next_obs"][trunc_mask]]))
+    bootstrap_value = next_values[:num_envs]
+    truncation_values = torch.zeros(num_steps, num_envs)
+    truncation_values[trunc_mask] = next_values[num_envs:]
+    truncation_values[-1] = bootstrap_value
+    inputs = {
+        "behavior_logp": old["behavior_logp"], "target_logp": target_logp.reshape(num_steps, num_envs),
+        "rewards": old["rewards"], "values": values.reshape(num_steps, num_envs), "bootstrap_value": bootstrap_value,
+        "truncation_values": truncation_values,
+    }  # fmt: skip
+    d = {k: v.double() for k, v in inputs.items()}
+    pg, vs = vtrace_reference(
+        d["behavior_logp"], d["target_logp"], d["rewards"], d["values"], d["bootstrap_value"], old["terminated"],
+        old["truncated"], d["truncation_values"], gamma, lam, 1.0, 1.0,
+    )  # fmt: skip
+    return pg, vs, inputs
+
+
+def test_slot_layout_targets_equal_the_old_layout_in_float64():
+    from sample_fast.extensions._reference import vtrace_reference
+
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    num_steps, num_envs = 10, 7
+    old = make_old_batch(policy, num_steps, num_envs, seed=3)
+    gen = torch.Generator().manual_seed(5)
+    # Dense random episode ends: terminations, truncations, both at once, and every kind at the last step.
+    term = torch.rand(num_steps, num_envs, generator=gen) < 0.15
+    trunc = torch.rand(num_steps, num_envs, generator=gen) < 0.25
+    term[-1, :3], trunc[-1, :3] = torch.tensor([True, False, True]), torch.tensor([False, True, True])
+    trunc[:, 6] = True  # one env truncates at every step (the per-env worst case)
+    term[:, 6] = False
+    old["terminated"], old["truncated"] = term, trunc
+    done = term | trunc
+    old["next_obs"][done] = torch.randn(int(done.sum()), 3, generator=gen)
+    # obs[t + 1] continues next_obs[t] where the episode goes on; a fresh reset obs (next_obs[t] random) elsewhere
+    old["obs"][1:][~done[:-1]] = old["next_obs"][:-1][~done[:-1]]
+    pg_old, vs_old, inputs_old = old_layout_targets(policy, old, 0.97, 0.9)
+
+    captured = {}
+
+    def float64_vtrace(behavior_logp, target_logp, rewards, values, bootstrap_value, terminated, truncated, *,
+                       gamma, lam, rho_clip, c_clip, truncation_values, backend):  # fmt: skip
+        captured.update(bootstrap_value=bootstrap_value, truncation_values=truncation_values, values=values,
+                        target_logp=target_logp)  # fmt: skip
+        args = (behavior_logp, target_logp, rewards, values, bootstrap_value)
+        pg, vs = vtrace_reference(*(a.double() for a in args), terminated, truncated, truncation_values.double(),
+                                  gamma, lam, rho_clip, c_clip)  # fmt: skip
+        captured.update(pg=pg, vs=vs)
+        return pg, vs
+
+    targets_of(policy, to_slot_layout(old, seed=3), float64_vtrace, gamma=0.97, lam=0.9)
+    # Inputs V-trace reads: the bootstrap where the last step did not terminate (a terminated column's bootstrap is
+    # never used: the old layout held V(final obs) there, the new one V(reset obs)), truncation values where a step
+    # truncated and row T-1 (the bootstrap again).
+    live = trunc & ~term
+    live[-1] = ~term[-1]
+    torch.testing.assert_close(captured["bootstrap_value"][~term[-1]], inputs_old["bootstrap_value"][~term[-1]],
+                               rtol=1e-6, atol=1e-6)  # fmt: skip
+    for key in ("values", "target_logp"):
+        torch.testing.assert_close(captured[key], inputs_old[key], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(captured["truncation_values"][live], inputs_old["truncation_values"][live],
+                               rtol=1e-6, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(captured["pg"], pg_old, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(captured["vs"], vs_old, rtol=1e-6, atol=1e-6)
+    assert captured["vs"].dtype == torch.float64
 
 
 # ----- learner behaviour -----------------------------------------------------------------------------------------
@@ -336,28 +474,40 @@ def test_bad_config_and_batch_are_rejected_with_a_fix():
         Learner(policy, LearnerConfig(num_minibatches=0))
     learner = Learner(policy, vtrace_fn=_torch_vtrace)
     batch = make_batch(policy)
-    del batch["next_obs"]
-    with pytest.raises(KeyError, match="next_obs"):
+    del batch["final_obs"]
+    with pytest.raises(KeyError, match="final_obs"):
+        learner.train(batch)
+    batch = make_batch(policy)
+    batch["obs"] = batch["obs"][:-1]  # the old layout: no bootstrap row
+    with pytest.raises(ValueError, match=r"obs must be \[T \+ 1, B, ...\]"):
         learner.train(batch)
 
 
 # ----- learning on the toy env ------------------------------------------------------------------------------------
 def collect(env, policy, obs, num_steps, version):
-    """Serial rollout of ``num_steps`` steps; returns (batch, next obs, finished episode returns)."""
-    keys = ("obs", "actions", "behavior_logp", "values", "rewards", "terminated", "truncated", "next_obs")
+    """Serial rollout of ``num_steps`` steps in the slot layout; returns (batch, next obs, finished returns)."""
+    keys = ("actions", "behavior_logp", "rewards", "terminated", "truncated")
     steps: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
-    returns = []
-    for _ in range(num_steps):
-        actions, logp, values = policy.act(obs)
+    obs_rows, finals, final_steps, final_envs, returns = [obs], [], [], [], []
+    for t in range(num_steps):
+        actions, logp, _ = policy.act(obs, with_value=False)
         res = env.step(actions)
-        for key, value in zip(keys, (obs, actions, logp, values, res.reward, res.terminated, res.truncated,
-                                     res.info["final_obs"]), strict=True):  # fmt: skip
+        for key, value in zip(keys, (actions, logp, res.reward, res.terminated, res.truncated), strict=True):
             steps[key].append(value)
+        env_idx = (res.truncated & ~res.terminated).nonzero().flatten()
+        finals.append(res.info["final_obs"][env_idx])
+        final_steps.append(torch.full_like(env_idx, t))
+        final_envs.append(env_idx)
         done = res.terminated | res.truncated
         returns.append(res.info["episode_return"][done])
         obs = res.obs
+        obs_rows.append(obs)
     num_envs = obs.shape[0]
-    batch = TensorDict({k: torch.stack(v) for k, v in steps.items()}, batch_size=[num_steps, num_envs])
+    batch = {k: torch.stack(v) for k, v in steps.items()}
+    batch["obs"] = torch.stack(obs_rows)
+    batch["final_obs"], batch["final_step_idx"] = torch.cat(finals), torch.cat(final_steps)
+    batch["final_env_idx"] = torch.cat(final_envs)
+    batch["final_count"] = torch.tensor(batch["final_obs"].shape[0], device=obs.device)
     batch["policy_version"] = torch.full((num_steps, num_envs), version, dtype=torch.int64)
     return batch, obs, torch.cat(returns)
 

@@ -22,20 +22,49 @@ from sample_fast.replay import (
 T, B = 5, 8
 
 
-def make_batch(version: int, num_envs: int = B, num_steps: int = T, obs_dim: int = 3) -> dict[str, torch.Tensor]:
-    """A batch whose every entry encodes (version, t, env): obs[t, e, 0] = 1000 v + 10 t + e, etc."""
-    t_idx = torch.arange(num_steps).view(-1, 1).float()
-    e_idx = torch.arange(num_envs).view(1, -1).float()
-    code = 1000.0 * version + 10.0 * t_idx + e_idx  # [T, B]
+def slot_layout(obs, next_obs, terminated, truncated, capacity=None) -> dict[str, torch.Tensor]:
+    """obs ``[T + 1, B]`` rows and the side table (padded with NaN / -1 to ``capacity``, default T * B) of a
+    rollout given with a dense ``next_obs [T, B]`` (docs/sampler.md)."""
+    num_steps, num_envs = terminated.shape
+    step_idx, env_idx = (truncated & ~terminated).nonzero(as_tuple=True)
+    count = step_idx.numel()
+    capacity = capacity if capacity is not None else num_steps * num_envs
+    final_obs = torch.full((capacity, *obs.shape[2:]), float("nan"))
+    final_obs[:count] = next_obs[step_idx, env_idx]
+    pad = torch.full((capacity - count,), -1, dtype=torch.int64)
     return {
-        "obs": code.unsqueeze(-1).repeat(1, 1, obs_dim),
+        "obs": obs, "final_obs": final_obs, "final_step_idx": torch.cat([step_idx, pad]),
+        "final_env_idx": torch.cat([env_idx, pad]), "final_count": torch.tensor(count),
+    }  # fmt: skip
+
+
+def dense_final(data: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[T, B, ...]`` the side table scattered onto its steps (NaN where a step has no final obs)."""
+    num_steps, num_envs = data["rewards"].shape
+    count = int(data["final_count"])
+    out = torch.full((num_steps, num_envs, *data["obs"].shape[2:]), float("nan"))
+    out[data["final_step_idx"][:count], data["final_env_idx"][:count]] = data["final_obs"][:count]
+    return out
+
+
+def make_batch(version: int, num_envs: int = B, num_steps: int = T, obs_dim: int = 3) -> dict[str, torch.Tensor]:
+    """A batch whose every entry encodes (version, t, env): obs[t, e, 0] = 1000 v + 10 t + e (t = 0..T), etc.;
+    truncated (not terminated) steps have the final obs 1000 v + 10 t + e + 0.5."""
+    t_idx = torch.arange(num_steps + 1).view(-1, 1).float()
+    e_idx = torch.arange(num_envs).view(1, -1).float()
+    code = 1000.0 * version + 10.0 * t_idx + e_idx  # [T + 1, B]
+    obs = code.unsqueeze(-1).repeat(1, 1, obs_dim)
+    code, t_idx = code[:-1], t_idx[:-1]
+    terminated = (t_idx + e_idx).remainder(3).eq(0).expand(num_steps, num_envs).clone()
+    truncated = (t_idx + e_idx).remainder(5).eq(0).expand(num_steps, num_envs).clone()
+    return {
         "actions": (code + 0.5).unsqueeze(-1).repeat(1, 1, 2),
         "behavior_logp": -code,
         "rewards": code * 0.001,
-        "terminated": (t_idx + e_idx).remainder(3).eq(0).expand(num_steps, num_envs).clone(),
-        "truncated": (t_idx + e_idx).remainder(5).eq(0).expand(num_steps, num_envs).clone(),
-        "next_obs": (code + 10.0).unsqueeze(-1).repeat(1, 1, obs_dim),
+        "terminated": terminated,
+        "truncated": truncated,
         "policy_version": torch.full((num_steps, num_envs), version, dtype=torch.int64),
+        **slot_layout(obs, obs[:-1] + 0.5, terminated, truncated),
     }
 
 
@@ -114,10 +143,34 @@ def test_segments_keep_time_structure_and_behavior_logp():
     sample = replay.sample(16, learner_version=7, beta=1.0)
     for j, seg in enumerate(sample.index.tolist()):
         cols = slice(2 * seg, 2 * seg + 2)  # segment i holds env columns [2 i, 2 i + 2) of the batch
-        for key in ("obs", "actions", "behavior_logp", "rewards", "terminated", "truncated", "next_obs"):
+        for key in ("obs", "actions", "behavior_logp", "rewards", "terminated", "truncated"):
             assert torch.equal(sample.data[key][:, 2 * j : 2 * j + 2], batch[key][:, cols]), key
         assert (sample.data["policy_version"][:, 2 * j : 2 * j + 2] == 7).all()
-    assert sample.data["obs"].shape == (T, 32, 3)
+        # the segment carries its own truncations' final obs, re-indexed to its columns in the sample
+        replayed_final = dense_final(sample.data)[:, 2 * j : 2 * j + 2]
+        torch.testing.assert_close(replayed_final, dense_final(batch)[:, cols], rtol=0, atol=0, equal_nan=True)
+    assert sample.data["obs"].shape == (T + 1, 32, 3)  # each segment keeps its bootstrap row
+    # every table row is valid (no padding) and each segment's share is its own truncations
+    live = batch["truncated"] & ~batch["terminated"]
+    expected = sum(int(live[:, 2 * seg : 2 * seg + 2].sum()) for seg in sample.index.tolist())
+    assert int(sample.data["final_count"]) == sample.data["final_obs"].shape[0] == expected > 0
+    # per-env worst case of the batch's table (T * B rows: T per env) -> 2 * T rows per 2-column segment
+    assert replay.final_rows == 2 * T
+
+
+@pytest.mark.timeout(60)
+def test_join_appends_columns_and_one_side_table():
+    cfg = ReplayConfig(ratio=0.5, capacity=8, segment_envs=2, alpha=0.0)
+    replay = TrajectoryReplay(cfg, "cpu")
+    replay.add(make_batch(3))
+    fresh = make_batch(4)
+    sample = replay.sample(2, learner_version=4, beta=1.0)
+    data, rewards, mask, weights = replay.join(fresh, fresh["rewards"], None, sample, learner_version=4)
+    assert data["obs"].shape == (T + 1, B + 4, 3) and rewards.shape == mask.shape == weights.shape == (T, B + 4)
+    # the joined table is the fresh one, then the replayed one shifted past the B fresh columns
+    expected = torch.cat([dense_final(fresh), dense_final(sample.data)], dim=1)
+    torch.testing.assert_close(dense_final(data), expected, rtol=0, atol=0, equal_nan=True)
+    assert int(data["final_count"]) == data["final_obs"].shape[0]
 
 
 @pytest.mark.timeout(60)
@@ -186,22 +239,22 @@ def learner_batch(policy, num_steps: int = 8, num_envs: int = 8, seed: int = 0, 
     from tensordict import TensorDict
 
     gen = torch.Generator().manual_seed(seed)
-    obs = torch.randn(num_steps, num_envs, 3, generator=gen)
-    next_obs = torch.cat([obs[1:], torch.randn(1, num_envs, 3, generator=gen)])
+    obs = torch.randn(num_steps + 1, num_envs, 3, generator=gen)
     torch.manual_seed(seed)
-    actions, behavior_logp, values = policy.act(obs.reshape(-1, 3))
+    actions, behavior_logp, values = policy.act(obs[:-1].reshape(-1, 3))
     terminated = torch.zeros(num_steps, num_envs, dtype=torch.bool)
     truncated = torch.zeros(num_steps, num_envs, dtype=torch.bool)
-    terminated[2, 0] = truncated[3, 2] = True
+    terminated[2, 0] = truncated[3, 2] = truncated[num_steps - 1, 5] = True
+    next_obs = torch.randn(num_steps, num_envs, 3, generator=gen)  # only the truncated rows are kept
     return TensorDict(
         {
-            "obs": obs, "actions": actions.reshape(num_steps, num_envs, 2),
+            "actions": actions.reshape(num_steps, num_envs, 2),
             "behavior_logp": behavior_logp.reshape(num_steps, num_envs), "values": values.reshape(num_steps, num_envs),
             "rewards": torch.randn(num_steps, num_envs, generator=gen), "terminated": terminated,
-            "truncated": truncated, "next_obs": next_obs,
-            "policy_version": torch.full((num_steps, num_envs), version, dtype=torch.int64),
+            "truncated": truncated, "policy_version": torch.full((num_steps, num_envs), version, dtype=torch.int64),
+            **slot_layout(obs, next_obs, terminated, truncated, capacity=num_envs),
         },
-        batch_size=[num_steps, num_envs],
+        batch_size=[],
     )  # fmt: skip
 
 

@@ -36,13 +36,13 @@ class CheckingLearner:
         self.policy.set_version(0)
 
     def train(self, batch) -> dict[str, float]:
-        assert batch.batch_size == torch.Size([8, 6])
+        assert batch["rewards"].shape == torch.Size([8, 6])  # [T, B] (obs: [T + 1, B])
         check_batch(batch)  # continuity, terminated/truncated, version-encoding actions (see test_sampler)
         self.lags.append(self.policy_version - batch["policy_version"])
         self.policy_version += 1
         self.policy.set_version(self.policy_version)
         time.sleep(self.delay_s)
-        return {"batch_steps": float(batch.numel())}
+        return {"batch_steps": float(batch["rewards"].numel())}
 
 
 class RecordingHooks:

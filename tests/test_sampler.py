@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from sample_fast.envs import make
+from sample_fast.envs import Spec, make
 from sample_fast.envs.toy import ToyEnv
 
 from sample_fast.param_store import ParamStore
@@ -58,28 +58,51 @@ def toy_env(num_envs: int) -> ToyEnv:
     return make("toy", num_envs, terminate_on_miss=True, miss_threshold=0.5, max_episode_steps=8)
 
 
+def true_next_obs(batch) -> torch.Tensor:
+    """``[T, B, ...]`` the observation each step actually reached, rebuilt from the slot layout: ``obs[t + 1]``,
+    replaced by the side table's final obs where a step truncated (not terminated)."""
+    count = int(batch["final_count"])
+    nxt = batch["obs"][1:].clone()
+    nxt[batch["final_step_idx"][:count], batch["final_env_idx"][:count]] = batch["final_obs"][:count]
+    return nxt
+
+
 def check_batch(batch, miss_threshold: float = 0.5) -> None:
     """Independent checks of one [T, B] toy batch collected by VersionPolicy."""
-    obs, next_obs = batch["obs"], batch["next_obs"]
-    term, trunc = batch["terminated"], batch["truncated"]
+    obs, term, trunc = batch["obs"], batch["terminated"], batch["truncated"]
+    num_steps = term.shape[0]
+    assert obs.shape[0] == num_steps + 1
     done = term | trunc
-    # next_obs[t] == obs[t+1] wherever the episode continues; after done, obs[t+1] is a fresh episode (t = 0)
-    cont = ~done[:-1]
-    assert torch.equal(next_obs[:-1][cont], obs[1:][cont])
-    assert (obs[1:][done[:-1]][:, -1] == 0).all()
-    # truncated <=> the true next obs shows t == max_episode_steps; terminated <=> a miss (reward < 1 - threshold)
-    assert torch.equal(trunc, next_obs[..., -1] == 1.0)
+    # obs[t + 1] continues the episode where step t did not end it (toy obs[-1] = t / 8 in (0, 1)), and is a fresh
+    # episode's first obs (t = 0) where it did, the bootstrap row T included
+    assert ((obs[1:][~done][:, -1] > 0) & (obs[1:][~done][:, -1] < 1)).all()
+    assert (obs[1:][done][:, -1] == 0).all()
+    # the side table lists exactly the truncated, not terminated steps, each with its true final obs (t == 8)
+    live_trunc = trunc & ~term
+    count = int(batch["final_count"])
+    listed = torch.zeros_like(live_trunc)
+    listed[batch["final_step_idx"][:count], batch["final_env_idx"][:count]] = True
+    assert count == int(live_trunc.sum()) and torch.equal(listed, live_trunc)
+    assert (batch["final_obs"][:count][:, -1] == 1.0).all()
+    # truncated <=> the true next obs shows t == max_episode_steps (terminated ones need no final obs)
+    assert torch.equal(live_trunc, true_next_obs(batch)[..., -1] == 1.0)
     assert torch.equal(term, batch["rewards"] < 1.0 - miss_threshold)
-    # the action mean encodes the version of the weights that produced it; values were computed at obs
+    # the action mean encodes the version of the weights that produced it
     version_from_action = torch.round(batch["actions"] / ACTION_STEP).to(torch.int64)
     assert torch.equal(version_from_action, batch["policy_version"].unsqueeze(-1).expand_as(version_from_action))
-    torch.testing.assert_close(batch["values"], obs.sum(-1))
+    if "values" in batch.keys():  # store_values: values were computed at obs
+        torch.testing.assert_close(batch["values"], obs[:-1].sum(-1))
 
 
-def _serial_sampler(num_splits=2, num_slots=4, num_envs=6, rollout_len=5, version=None):
-    cfg = SamplerConfig(rollout_len=rollout_len, num_splits=num_splits, num_slots=num_slots, seed=3)
+def _serial_sampler(num_splits=2, num_slots=4, num_envs=6, rollout_len=5, version=None, store_values=False):
+    cfg = SamplerConfig(
+        rollout_len=rollout_len, num_splits=num_splits, num_slots=num_slots, seed=3, store_values=store_values
+    )
     envs = build_split_envs(lambda: toy_env(num_envs), num_splits)
-    store = TrajectoryStore(envs[0].observation_spec, envs[0].action_spec, rollout_len, num_envs, num_slots)
+    store = TrajectoryStore(
+        envs[0].observation_spec, envs[0].action_spec, rollout_len, num_envs, num_slots,
+        max_episode_steps=envs[0].max_episode_steps, store_values=store_values,
+    )  # fmt: skip
     policy = VersionPolicy()
     version = version if version is not None else {"v": 0}
     policy.set_version(version["v"])
@@ -124,8 +147,10 @@ def test_double_buffered_order_overlaps_one_split_with_the_other():
     assert envs[0]._closed and envs[1]._closed
 
 
-def test_serial_batches_are_continuous_across_slots_and_record_versions():
-    sampler, store, policy, version, ring = _serial_sampler()
+@pytest.mark.parametrize("store_values", [False, True])
+def test_serial_batches_are_continuous_across_slots_and_record_versions(store_values):
+    sampler, store, policy, version, ring = _serial_sampler(store_values=store_values)
+    assert store.final_capacity == 6  # ceil(T=5 / max_episode_steps=8) = 1 truncation per env at most
     per_split: dict[int, list[int]] = {0: [], 1: []}
     slots_seen = []
     for _rollout in range(6):
@@ -136,6 +161,7 @@ def test_serial_batches_are_continuous_across_slots_and_record_versions():
             batch = store.slot(slot_idx).clone()
             store.check_written(slot_idx)
             check_batch(batch)
+            assert ("values" in batch.keys()) == store_values
             per_split[owners[slot_idx]].append(len(slots_seen))
             slots_seen.append(batch)
             store.release(slot_idx)
@@ -146,9 +172,9 @@ def test_serial_batches_are_continuous_across_slots_and_record_versions():
     for _split_idx, order in per_split.items():
         for prev, nxt in zip(order, order[1:], strict=False):
             a, b = slots_seen[prev], slots_seen[nxt]
-            last_done = a["terminated"][-1] | a["truncated"][-1]
-            # the rollout boundary loses no transition: slot n's last next_obs is slot n+1's first obs
-            assert torch.equal(a["next_obs"][-1][~last_done], b["obs"][0][~last_done])
+            # the rollout boundary loses no transition: slot n's bootstrap row T is slot n+1's first obs (also
+            # where the last step ended an episode: then both are the reset obs, and the side table has the rest)
+            assert torch.equal(a["obs"][-1], b["obs"][0])
         for i in order:
             versions |= set(slots_seen[i]["policy_version"].unique().tolist())
     assert versions == set(range(6))  # rollouts 0..5 acted with versions 0..5, and each step says which
@@ -262,3 +288,85 @@ def test_async_weights_refresh_mid_slot(refresh):
 def test_weights_refresh_rejects_unknown_values():
     with pytest.raises(ValueError, match="weights_refresh must be step or slot"):
         SamplerConfig(weights_refresh="sometimes")
+
+
+def test_no_critic_forward_unless_store_values():
+    calls = []
+
+    class ValueAwarePolicy(VersionPolicy):
+        @torch.no_grad()
+        def act(self, obs, deterministic=False, *, with_value=True):
+            calls.append(with_value)
+            actions, logp, values = super().act(obs)
+            return actions, logp, values if with_value else None
+
+    for store_values in (False, True):
+        calls.clear()
+        cfg = SamplerConfig(rollout_len=2, num_splits=1, num_slots=2, seed=0, store_values=store_values)
+        envs = build_split_envs(lambda: toy_env(3), 1)
+        store = TrajectoryStore(envs[0].observation_spec, envs[0].action_spec, 2, 3, 2, store_values=store_values)
+        sampler = Sampler(envs, ValueAwarePolicy(), store, cfg, version_fn=lambda: 0)
+        while sampler.advance(wait_s=0.0) == 0:
+            pass
+        batch = store.slot(store.acquire_ready(0.0))
+        assert calls and set(calls) == {store_values}
+        assert ("values" in batch.keys()) == store_values
+        check_batch(batch)
+        sampler.close()
+    with pytest.raises(ValueError, match="store_values"):
+        Sampler(build_split_envs(lambda: toy_env(3), 1), VersionPolicy(), store, SamplerConfig(
+            rollout_len=2, num_splits=1, num_slots=2), version_fn=lambda: 0)  # fmt: skip
+
+
+def test_actor_critic_act_without_value_samples_the_same_actions():
+    from sample_fast.policy import ActorCritic, PolicyConfig
+
+    env = toy_env(4)
+    policy = ActorCritic(env.observation_spec, env.action_spec, PolicyConfig(hidden_sizes=[8]))
+    obs, _ = env.reset(seed=0)
+    torch.manual_seed(1)
+    actions, logp, values = policy.act(obs)
+    torch.manual_seed(1)
+    actions2, logp2, none = policy.act(obs, with_value=False)
+    assert none is None and torch.equal(actions, actions2) and torch.equal(logp, logp2)
+    torch.testing.assert_close(values, policy.value(obs).detach())
+
+
+class PixelToy(ToyEnv):
+    """The toy env with uint8 observations (round(100 * obs)): a stand-in for a pixel task."""
+
+    def __init__(self, num_envs: int) -> None:
+        super().__init__("toy", num_envs, max_episode_steps=3)
+        self.observation_spec = Spec(shape=self.observation_spec.shape, dtype=torch.uint8)
+
+    @staticmethod
+    def _pixels(obs):
+        return (obs.clamp(0, 1) * 100).round().to(torch.uint8)
+
+    def _reset(self, seed):
+        obs, info = super()._reset(seed)
+        return self._pixels(obs), info
+
+    def _step(self, actions):
+        res = super()._step(actions)
+        res.info["final_obs"] = self._pixels(res.info["final_obs"])
+        return res._replace(obs=self._pixels(res.obs))
+
+
+def test_uint8_observations_are_stored_as_uint8_and_every_row_is_marked_written():
+    cfg = SamplerConfig(rollout_len=4, num_splits=1, num_slots=2, seed=0)
+    envs = [PixelToy(3)]
+    store = TrajectoryStore(envs[0].observation_spec, envs[0].action_spec, 4, 3, 2, max_episode_steps=3)
+    sampler = Sampler(envs, VersionPolicy(), store, cfg, version_fn=lambda: 0)
+    while sampler.advance(wait_s=0.0) == 0:
+        pass
+    slot_idx = store.acquire_ready(0.0)
+    batch = store.slot(slot_idx)
+    store.check_written(slot_idx)  # every obs row, the bootstrap row included, was marked written
+    assert batch["obs"].dtype == torch.uint8 and batch["final_obs"].dtype == torch.uint8
+    # max_episode_steps = 3: every env truncates at t = 2 (time feature 100 = t / 3 * 100 at t = 3 steps)
+    count = int(batch["final_count"])
+    assert count == 3 and (batch["final_step_idx"][:count] == 2).all()
+    assert (batch["final_obs"][:count, -1] == 100).all() and (batch["obs"][3, :, -1] == 0).all()
+    store.release(slot_idx)
+    sampler.close()
