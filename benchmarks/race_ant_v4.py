@@ -12,6 +12,12 @@ first report whose mean return over the last 100 episodes reaches the threshold,
 (then the run counts as "not reached", +inf in the median). Owns those processes (every process of their sessions is
 killed on exit, Ctrl-C, SIGTERM and errors) and the --out directory: per-run curve CSVs and logs, summary.json,
 summary.md and curves.png.
+
+The race proves its own fairness (issue #13): before every launch it waits until no trainer is left running and the
+CPUs are idle over a few seconds of /proc/stat (the 1-minute load average still shows the previous contender for
+minutes); it first runs each contender alone for --solo-s seconds with the race's settings, recording
+``sf_solo_fps`` / ``ours_solo_fps``; and a race run whose average env steps/s (from its own step counter, first
+to last report) falls more than --max-slowdown below its contender's solo figure is discarded and rerun.
 """
 
 from __future__ import annotations
