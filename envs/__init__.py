@@ -183,4 +183,4 @@ def _with_owners(error: UnknownOptionError, backend: str) -> UnknownOptionError:
     if not owners:
         return error
     taken = "; ".join(f"{k} is an option of backend {' and '.join(map(repr, b))}" for k, b in owners.items())
-    return UnknownOptionError(f"{error} ({taken}, not of {backend!r})", error.unknown, error.valid, owners)
+    return UnknownOptionError(f"{error} ({taken}, not of {backend!r})", error.unknown, error.valid, owners, error.hint)

@@ -62,13 +62,19 @@ class OptionError(EnvError):
 
 class UnknownOptionError(EnvError):
     """Option names a backend does not know (``unknown``, sorted), the ones it takes (``valid``) and, for unknown ones
-    another backend takes, which backends (``owners``; filled in by ``sample_fast.envs.make`` and ``check_options``)."""
+    another backend takes, which backends (``owners``; filled in by ``sample_fast.envs.make`` and ``check_options``);
+    ``hint`` is any other explanation already in the message ("only apply to another kind")."""
 
     def __init__(
-        self, message: str, unknown: list[str], valid: list[str], owners: dict[str, list[str]] | None = None
+        self,
+        message: str,
+        unknown: list[str],
+        valid: list[str],
+        owners: dict[str, list[str]] | None = None,
+        hint: str = "",
     ) -> None:
         super().__init__(message)
-        self.unknown, self.valid, self.owners = unknown, valid, owners or {}
+        self.unknown, self.valid, self.owners, self.hint = unknown, valid, owners or {}, hint
 
 
 @dataclass(frozen=True)

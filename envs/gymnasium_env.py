@@ -42,8 +42,8 @@ def find_spec(name: str) -> gymnasium.envs.registration.EnvSpec:
             importlib.import_module(module)
         except ImportError as e:  # the module itself, or something it imports, is missing
             raise EnvError(
-                f"{name!r}: could not import module {module!r}, which should register {registered_id!r} ({e}); "
-                f"check that it is installed or on sys.path (gymnasium's 'module:EnvId' convention)"
+                f"could not import module {module!r} ({e}), which should register {registered_id!r} (gymnasium's "
+                "'module:EnvId' convention); check that it is installed or on sys.path"
             ) from None
     try:
         return gymnasium.spec(registered_id)

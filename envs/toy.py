@@ -58,11 +58,13 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(options) - set(valid))
     if unknown:
         other = [k for k in unknown if k in DEFAULT_OPTIONS]
-        hint = f" ({', '.join(other)} only apply to another kind)" if other else ""
+        hint = f"{', '.join(other)} only apply to another kind" if other else ""
         raise UnknownOptionError(
-            f"unknown option(s) {unknown} for toy kind={kind!r}{hint}; valid options: {', '.join(valid)}",
+            f"unknown option(s) {unknown} for toy kind={kind!r}{f' ({hint})' if hint else ''}; "
+            f"valid options: {', '.join(valid)}",
             unknown,
             list(valid),
+            hint=hint,
         )
     opts = {k: options.get(k, DEFAULT_OPTIONS[k]) for k in valid}
     for key in ("max_episode_steps", "dim", "num_states", "num_actions"):

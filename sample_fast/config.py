@@ -218,8 +218,9 @@ def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
             f"; {key} is an option of the {' and '.join(b)} backend: use env.backend={b[0]}, or drop {key}"
             for key, b in e.owners.items()
         )
+        hint = f" ({e.hint})" if e.hint else ""
         raise ConfigError(
-            f"env.options has unknown key(s) {e.unknown} for env {env.name!r} on the {backend} backend{owners}; "
+            f"env.options has unknown key(s) {e.unknown} for env {env.name!r} on the {backend} backend{hint}{owners}; "
             f"valid: {', '.join(e.valid)}"
         ) from None
     except EnvError as e:
