@@ -51,12 +51,14 @@ class ConfigError(ValueError):
 class EnvConfig:
     """Which environment, how many copies, and where it simulates."""
 
-    name: str = MISSING  #: a task (ant, halfcheetah, hopper, walker2d, humanoid), toy, or gymnasium:<id>
+    #: a task (ant, halfcheetah, hopper, walker2d, humanoid), toy, gymnasium:<id> or gymnasium:<module>:<id>
+    name: str = MISSING
     backend: str = "auto"  #: auto (mujoco on CPU, mjx with CUDA), mujoco, mjx, envpool, gymnasium, toy
     device: str = "auto"  #: where env tensors live: auto (cuda for mjx when available, else cpu), cpu, cuda[:i]
     num_envs: int = 0  #: parallel envs in total; 0 = fitted to the machine (see resolve)
     num_threads: int = 0  #: simulator threads (mujoco backend); 0 = fitted to the cores
-    options: dict[str, Any] = field(default_factory=dict)  #: task options, e.g. {max_episode_steps: 500}
+    #: task and backend options, e.g. {max_episode_steps: 500}; checked by the backend's own check_options in resolve
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
