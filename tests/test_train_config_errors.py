@@ -50,6 +50,24 @@ def test_cli_backend_option_error_exits_2_before_writing(tmp_path, overrides, me
     assert list(tmp_path.iterdir()) == []  # no run dir, no hydra outputs/
 
 
+def test_eval_of_an_mjx_run_with_mjx_options(tmp_path, capsys):
+    """``sample_fast.eval`` runs an mjx run's policy on MuJoCo C: the MJX-only options must be left out there too."""
+    from sample_fast import eval as eval_mod
+    from sample_fast.checkpoint import CheckpointManager
+    from sample_fast.train import build_policy, write_run_files
+
+    rdir = tmp_path / "run"
+    with initialize_config_module("sample_fast.configs", version_base="1.3"):
+        raw = compose("train", overrides=["env=hopper", "env.backend=mjx", "+env.options.xla_opt_level=0",
+                                          "+env.options.max_episode_steps=5", f"run.dir={rdir}"])  # fmt: skip
+    cfg = resolve(raw, num_cores=2, cuda=False)
+    write_run_files(cfg, str(rdir), 0)
+    policy = build_policy(*probe_specs(cfg.env), cfg.policy)
+    CheckpointManager(rdir).save({"policy": policy.state_dict(), "env_steps": 0}, env_steps=0, metric=0.0)
+    assert eval_mod.main([str(rdir), "--episodes", "2"]) == 0
+    assert "mean return over 2 deterministic episodes" in capsys.readouterr().out
+
+
 def test_mjx_probe_leaves_out_mjx_only_options():
     """An mjx config with MJX options probes its specs on MuJoCo C (no JAX compile); the task option still applies.
     Reference: gymnasium's HalfCheetah-v5 with the same task option (18-dim observation with the x position)."""
