@@ -7,8 +7,10 @@
 
 Names: the MuJoCo tasks in ``TASKS`` (``ant``, ``halfcheetah``, ``hopper``, ``walker2d``, ``humanoid``, and robots
 added with ``sample_fast.envs.custom.register_robot``), ``toy``, and ``gymnasium:<registered id>`` for any gymnasium
-env. The episode convention is in ``sample_fast.envs.base``; ``sample_fast.envs.adapters`` wraps any BatchedEnv as a
-gymnasium VectorEnv, a TorchRL EnvBase or an Isaac-style VecTask.
+env (or ``gymnasium:<module>:<id>``, which imports the module that registers it first, as ``gymnasium.make`` does).
+The episode convention is in ``sample_fast.envs.base``; ``sample_fast.envs.adapters`` wraps any BatchedEnv as a
+gymnasium VectorEnv, a TorchRL EnvBase or an Isaac-style VecTask. ``check_options`` checks options the way a
+backend's constructor does, without building anything (the trainer's config check uses it).
 Backends import lazily, so ``import sample_fast.envs`` never pulls in JAX or EnvPool.
 """
 
@@ -20,10 +22,22 @@ from typing import Any
 
 import torch
 
-from .base import BatchedEnv, EnvError, Spec, StepResult
+from .base import BatchedEnv, EnvError, OptionError, Spec, StepResult, UnknownOptionError
 from .tasks import TASKS
 
-__all__ = ["make", "BatchedEnv", "EnvError", "Spec", "StepResult", "TASKS", "BACKENDS", "available_backends"]
+__all__ = [
+    "make",
+    "check_options",
+    "BatchedEnv",
+    "EnvError",
+    "OptionError",
+    "UnknownOptionError",
+    "Spec",
+    "StepResult",
+    "TASKS",
+    "BACKENDS",
+    "available_backends",
+]
 
 #: backend name -> (module, class name, pip package that provides it)
 BACKENDS: dict[str, tuple[str, str, str]] = {
@@ -113,13 +127,60 @@ def make(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise EnvError(f"device {device} requested but torch sees no CUDA device; use device='cpu'")
     chosen = resolve_backend(name, backend, device)
-    module_name, class_name, package = BACKENDS[chosen]
+    cls = getattr(_backend_module(chosen), BACKENDS[chosen][1])
     try:
-        module = importlib.import_module(f"{__name__}.{module_name}")
+        return cls(name, num_envs, device=device, seed=seed, **task_options)
+    except UnknownOptionError as e:
+        raise _with_owners(e, chosen) from None
+
+
+def check_options(name: str, backend: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Check ``options`` for ``name`` on ``backend`` (resolved, not ``auto``) the way that backend's constructor
+    does, without building anything; return them resolved (defaults filled in).
+
+    Raises what ``make`` would raise for them: ``EnvError``, ``OptionError`` (one option, e.g. ``contacts='feet'`` on
+    envpool) or ``UnknownOptionError`` (naming the backends that do take such an option). The trainer's config check
+    (``sample_fast.config.resolve``) calls it, so a config fails before any process starts or file is written.
+    What needs a built model or env (``model_params`` shapes, gymnasium.make's own keyword arguments) is not checked.
+    """
+    module = _backend_module(backend)
+    try:
+        out = module.check_options(name, dict(options))
+    except UnknownOptionError as e:
+        raise _with_owners(e, backend) from None
+    return out[0] if isinstance(out, tuple) else out  # envpool also returns its envpool.make kwargs
+
+
+#: backend -> the attribute of its module holding its own options (besides the task options)
+_OWN_OPTIONS = {"mujoco": "BACKEND_OPTIONS", "mjx": "MJX_OPTIONS", "envpool": "BACKEND_OPTIONS"}
+
+
+def _backend_module(backend: str) -> Any:
+    module_name, _, package = BACKENDS[backend]
+    try:
+        return importlib.import_module(f"{__name__}.{module_name}")
     except ImportError as e:
         raise EnvError(
-            f"backend {chosen!r} needs the package(s) {package}, which did not import ({e}); "
+            f"backend {backend!r} needs the package(s) {package}, which did not import ({e}); "
             f"install with: pip install {package.split()[0]}"
         ) from e
-    cls = getattr(module, class_name)
-    return cls(name, num_envs, device=device, seed=seed, **task_options)
+
+
+def _with_owners(error: UnknownOptionError, backend: str) -> UnknownOptionError:
+    """``error`` plus, for each unknown option that another backend takes, which backend that is (importing the
+    other backends' modules: only on this error path)."""
+    owners: dict[str, list[str]] = {}
+    for other, attr in _OWN_OPTIONS.items():
+        if other == backend:
+            continue
+        try:
+            own = getattr(importlib.import_module(f"{__name__}.{BACKENDS[other][0]}"), attr)
+        except ImportError:
+            continue
+        for key in error.unknown:
+            if key in own:
+                owners.setdefault(key, []).append(other)
+    if not owners:
+        return error
+    taken = "; ".join(f"{k} is an option of backend {' and '.join(map(repr, b))}" for k, b in owners.items())
+    return UnknownOptionError(f"{error} ({taken}, not of {backend!r})", error.unknown, error.valid, owners, error.hint)

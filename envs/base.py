@@ -35,6 +35,48 @@ class EnvError(ValueError):
     """A bad argument to ``make`` or to a ``BatchedEnv`` method. The message says what to change."""
 
 
+class OptionError(EnvError):
+    """One option a backend rejects, worded for both callers: ``str()`` in ``make()``'s terms (``option k=v``,
+    ``backend='mujoco'``) and ``config_message()`` in the training config's (``env.options.k=v``,
+    ``env.backend=mujoco``), so the trainer's ``resolve()`` reports exactly what ``make()`` would reject.
+
+    Args:
+        key, value: the option and its value.
+        problem: why it is rejected, read after ``<key>=<value>`` ("is not supported by the envpool backend ...").
+        backends: backends that do take this value, offered as the fix.
+        hint: another fix ("drop contacts", "set JAX_ENABLE_X64=1 ..."), offered after the backends.
+    """
+
+    def __init__(self, key: str, value: Any, problem: str, *, backends: tuple[str, ...] = (), hint: str = ""):
+        self.key, self.value, self.problem, self.backends, self.hint = key, value, problem, tuple(backends), hint
+        super().__init__(self._message(f"option {key}={value!r}", [f"backend={b!r}" for b in self.backends]))
+
+    def config_message(self) -> str:
+        """The message in config terms: ``env.options.<key>=...``, fixes as ``env.backend=<name>``."""
+        return self._message(f"env.options.{self.key}={self.value!r}", [f"env.backend={b}" for b in self.backends])
+
+    def _message(self, subject: str, alternatives: list[str]) -> str:
+        fixes = (["use " + " or ".join(alternatives)] if alternatives else []) + ([self.hint] if self.hint else [])
+        return f"{subject} {self.problem}" + (f"; {', or '.join(fixes)}" if fixes else "")
+
+
+class UnknownOptionError(EnvError):
+    """Option names a backend does not know (``unknown``, sorted), the ones it takes (``valid``) and, for unknown ones
+    another backend takes, which backends (``owners``; filled in by ``sample_fast.envs.make`` and ``check_options``);
+    ``hint`` is any other explanation already in the message ("only apply to another kind")."""
+
+    def __init__(
+        self,
+        message: str,
+        unknown: list[str],
+        valid: list[str],
+        owners: dict[str, list[str]] | None = None,
+        hint: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.unknown, self.valid, self.owners, self.hint = unknown, valid, owners or {}, hint
+
+
 @dataclass(frozen=True)
 class Spec:
     """Per-env spec of an observation or action tensor.

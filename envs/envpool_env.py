@@ -17,7 +17,7 @@ import envpool
 import numpy as np
 import torch
 
-from .base import BatchedEnv, EnvError, EpisodeTracker, Spec, StepResult
+from .base import BatchedEnv, EnvError, EpisodeTracker, OptionError, Spec, StepResult
 from .tasks import COMMON_OPTIONS, TASKS, TaskDef, resolve_options
 
 #: Backend settings accepted besides the task options.
@@ -44,15 +44,19 @@ def envpool_kwargs(task: TaskDef, opts: dict[str, Any], config_keys: set[str]) -
     """Translate resolved task options to ``envpool.make`` kwargs.
 
     ``(lo, hi)`` range options become ``*_min``/``*_max``; an option EnvPool has no kwarg for is accepted only at
-    its default value, anything else raises ``EnvError`` naming the option.
+    its default value, anything else raises ``OptionError`` naming the option.
     """
     defaults = {**COMMON_OPTIONS, **task.options}
     out: dict[str, Any] = {}
 
-    def unsupported(key: str, why: str = "") -> EnvError:
-        return EnvError(
-            f"envpool doesn't support option {key}={opts[key]!r} for {task.name!r} (its default is "
-            f"{defaults[key]!r}){why}; use backend='mujoco' for it"
+    def unsupported(key: str, why: str) -> OptionError:
+        default = task.frame_skip if key == "frame_skip" else defaults[key]
+        return OptionError(
+            key,
+            opts[key],
+            f"is not supported by the envpool backend for {task.name!r} ({why})",
+            backends=("mujoco",),
+            hint=f"leave {key} at its default {default!r}",
         )
 
     for key in defaults:
@@ -65,16 +69,42 @@ def envpool_kwargs(task: TaskDef, opts: dict[str, Any], config_keys: set[str]) -
                 if f"{base}_{side}" in config_keys:
                     out[f"{base}_{side}"] = bound
                 elif bound != infinite:
-                    raise unsupported(key, f" (envpool has no {base}_{side})")
+                    raise unsupported(key, f"EnvPool has no {base}_{side}")
         elif key == "include_cfrc_ext_in_observation" and task.name == "ant" and "use_contact_force" in config_keys:
             # EnvPool's use_contact_force=False drops both the contact forces from the observation and the contact
             # cost; gymnasium's include_cfrc_ext_in_observation=False drops only the former.
             if not value and opts["contact_cost_weight"] != 0.0:
-                raise unsupported(key, " unless contact_cost_weight=0 (envpool drops the contact cost with them)")
+                raise unsupported(key, "unless contact_cost_weight=0: EnvPool drops the contact cost with the forces")
             out["use_contact_force"] = bool(value)
         elif value != defaults[key] and not (key == "frame_skip" and value == task.frame_skip):
-            raise unsupported(key)
+            raise unsupported(key, f"EnvPool's {task.envpool_id} has no setting for it")
     return out
+
+
+def check_options(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The task's and this backend's options resolved and checked, and the ``envpool.make`` kwargs they map to
+    (``(options, kwargs)``), without building a pool; raises ``EnvError``.
+
+    ``EnvPoolEnv`` calls it first, and so does the trainer's config check (``sample_fast.envs.check_options``), so a
+    config is rejected for exactly what this backend would reject.
+    """
+    if name not in TASKS or not TASKS[name].envpool_id:
+        envpool_tasks = ", ".join(sorted(n for n, t in TASKS.items() if t.envpool_id))
+        raise EnvError(f"envpool backend runs the tasks {envpool_tasks}; got {name!r} (use backend='mujoco' for it)")
+    task = TASKS[name]
+    opts = resolve_options(task, options, BACKEND_OPTIONS)
+    num_threads = opts["num_threads"]
+    positive_int = isinstance(num_threads, int) and not isinstance(num_threads, bool) and num_threads >= 1
+    if num_threads is not None and not positive_int:
+        raise EnvError(f"num_threads must be a positive int or None, got {num_threads!r}")
+    offset = opts["thread_affinity_offset"]
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise EnvError(f"thread_affinity_offset must be an int (-1: no pinning), got {offset!r}")
+    if opts["max_episode_steps"] is None:
+        raise OptionError("max_episode_steps", None, "is not supported by the envpool backend (EnvPool needs a time "
+                          "limit)", backends=("mujoco",), hint="set a positive int")  # fmt: skip
+    config_keys = set(envpool.make_spec(task.envpool_id).config._fields)
+    return opts, envpool_kwargs(task, opts, config_keys)
 
 
 class EnvPoolEnv(BatchedEnv):
@@ -92,23 +122,15 @@ class EnvPoolEnv(BatchedEnv):
     backend = "envpool"
 
     def __init__(self, name: str, num_envs: int, *, device: str | torch.device = "cpu", seed: int = 0, **options: Any):
-        if name not in TASKS:
-            raise EnvError(f"envpool backend runs the tasks {', '.join(sorted(TASKS))}; got {name!r}")
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise EnvError(f"num_envs must be a positive int, got {num_envs!r}")
+        self.options, self._kwargs = check_options(name, options)
         self.task = TASKS[name]
         self.name = name
         self.num_envs = num_envs
         self.device = torch.device(device)
-        self.options = resolve_options(self.task, options, BACKEND_OPTIONS)
         num_threads = self.options["num_threads"]
-        if num_threads is None:
-            num_threads = min(num_envs, os.cpu_count() or 1)
-        if not isinstance(num_threads, int) or num_threads < 1:
-            raise EnvError(f"num_threads must be a positive int or None, got {num_threads!r}")
-        self.num_threads = num_threads
-        config_keys = set(envpool.make_spec(self.task.envpool_id).config._fields)
-        self._kwargs = envpool_kwargs(self.task, self.options, config_keys)
+        self.num_threads = min(num_envs, os.cpu_count() or 1) if num_threads is None else num_threads
         self._pool: Any = None
         self._pool_seed: int | None = None
         self._build_pool(seed)

@@ -1,4 +1,5 @@
-"""``gymnasium`` backend: any registered gymnasium id as a ``BatchedEnv`` (``make("gymnasium:Pendulum-v1", 8)``).
+"""``gymnasium`` backend: any registered gymnasium id as a ``BatchedEnv`` (``make("gymnasium:Pendulum-v1", 8)``), also
+in gymnasium's ``module:EnvId`` form (``make("gymnasium:my_pkg.envs:MyEnv-v0", 8)`` imports ``my_pkg.envs`` first).
 
 It owns one ``gymnasium.vector.SyncVectorEnv`` (or ``AsyncVectorEnv``, option ``vectorization="async"``) built with
 gymnasium's same-step autoreset, and converts its numpy results to torch tensors on the env's device. Gymnasium's
@@ -8,6 +9,7 @@ The universal fallback: slower than the native backends, but it runs anything gy
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import gymnasium
@@ -25,6 +27,44 @@ ADAPTER_OPTIONS: dict[str, Any] = {
 }
 
 _REGISTRY_HINT = "list the registered ids with: python -c 'import gymnasium; gymnasium.pprint_registry()'"
+
+
+def find_spec(name: str) -> gymnasium.envs.registration.EnvSpec:
+    """The registered spec of ``gymnasium:<id>``, following gymnasium's own ``module:EnvId`` convention (as in
+    ``gymnasium.make``): ``gymnasium:my_pkg.envs:MyEnv-v0`` imports ``my_pkg.envs`` (which registers its envs on
+    import) and then looks ``MyEnv-v0`` up in the registry. Raises ``EnvError`` naming the module or the id."""
+    env_id = name.split(":", 1)[1] if name.startswith("gymnasium:") else name
+    module, _, registered_id = env_id.rpartition(":")
+    if not registered_id:
+        raise EnvError(f"empty gymnasium id in {name!r}; use e.g. 'gymnasium:Pendulum-v1' ({_REGISTRY_HINT})")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:  # the module itself, or something it imports, is missing
+            raise EnvError(
+                f"could not import module {module!r} ({e}), which should register {registered_id!r} (gymnasium's "
+                "'module:EnvId' convention); check that it is installed or on sys.path"
+            ) from None
+    try:
+        return gymnasium.spec(registered_id)
+    except gymnasium.error.Error as e:
+        where = f" after importing {module!r}" if module else ""
+        raise EnvError(f"gymnasium has no env {registered_id!r}{where} ({e}); {_REGISTRY_HINT}") from None
+
+
+def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Check the id (importing its module, see ``find_spec``) and this adapter's own options; return the adapter
+    options with defaults filled in. The rest go to ``gymnasium.make``, which alone can check them (when the env is
+    built). ``GymnasiumEnv`` calls it first, and so does the trainer's config check
+    (``sample_fast.envs.check_options``)."""
+    find_spec(name)
+    own = {k: options.get(k, v) for k, v in ADAPTER_OPTIONS.items()}
+    if own["vectorization"] not in ("sync", "async"):
+        raise EnvError(f"vectorization must be 'sync' or 'async', got {own['vectorization']!r}")
+    timeout = own["step_timeout_s"]
+    if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise EnvError(f"step_timeout_s must be a positive number of seconds, got {timeout!r}")
+    return own
 
 
 def _obs_spec(space: gymnasium.Space, env_id: str) -> Spec:
@@ -77,21 +117,16 @@ class GymnasiumEnv(BatchedEnv):
     backend = "gymnasium"
 
     def __init__(self, name: str, num_envs: int, *, device: str | torch.device = "cpu", seed: int = 0, **options: Any):
-        env_id = name.split(":", 1)[1] if name.startswith("gymnasium:") else name
-        if not env_id:
-            raise EnvError(f"empty gymnasium id in {name!r}; use e.g. 'gymnasium:Pendulum-v1' ({_REGISTRY_HINT})")
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise EnvError(f"num_envs must be a positive int, got {num_envs!r}")
-        own = {k: options.pop(k, v) for k, v in ADAPTER_OPTIONS.items()}
-        if own["vectorization"] not in ("sync", "async"):
-            raise EnvError(f"vectorization must be 'sync' or 'async', got {own['vectorization']!r}")
-        try:
-            registered = gymnasium.spec(env_id)
-        except gymnasium.error.Error as e:
-            raise EnvError(f"gymnasium has no env {env_id!r} ({e}); {_REGISTRY_HINT}") from None
+        own = check_options(name, options)
+        registered = find_spec(name)
+        options = {k: v for k, v in options.items() if k not in ADAPTER_OPTIONS}
 
         self.name = name
-        self.env_id = env_id
+        self.env_id = registered.id
+        # what gymnasium.make gets: 'module:EnvId' stays whole, so that async workers import the module themselves
+        self._make_id = name.split(":", 1)[1] if name.startswith("gymnasium:") else name
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.vectorization = own["vectorization"]
@@ -103,8 +138,8 @@ class GymnasiumEnv(BatchedEnv):
         # spaces and time limit without spawning workers.
         probe = self._make_one()
         try:
-            self.observation_spec = _obs_spec(probe.observation_space, env_id)
-            self.action_spec = _action_spec(probe.action_space, env_id)
+            self.observation_spec = _obs_spec(probe.observation_space, self.env_id)
+            self.action_spec = _action_spec(probe.action_space, self.env_id)
             self._single_action_space = probe.action_space
             self._obs_space = probe.observation_space
             self.max_episode_steps = probe.spec.max_episode_steps if probe.spec is not None else None
@@ -128,7 +163,7 @@ class GymnasiumEnv(BatchedEnv):
 
     def _make_one(self) -> gymnasium.Env:
         try:
-            return gymnasium.make(self.env_id, **self.make_kwargs)
+            return gymnasium.make(self._make_id, **self.make_kwargs)
         except gymnasium.error.Error as e:
             raise EnvError(f"gymnasium.make({self.env_id!r}) failed: {e}; {_REGISTRY_HINT}") from None
         except TypeError as e:

@@ -23,7 +23,7 @@ import torch
 from mujoco import mjx
 
 from . import physics, tasks
-from .base import BatchedEnv, EnvError, Spec, StepResult
+from .base import BatchedEnv, EnvError, OptionError, Spec, StepResult
 
 #: Backend options (accepted by ``make(..., backend="mjx", **options)``) with their defaults.
 MJX_OPTIONS: dict[str, Any] = {
@@ -82,6 +82,34 @@ def _physics(d: Any, fields: tuple[str, ...]) -> tasks.Physics:
     return tasks.Physics(**{"qpos": d.qpos, "qvel": d.qvel, **vals})
 
 
+def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The task's and MJX's options resolved and checked, without building a model or compiling; raises ``EnvError``.
+
+    ``MjxEnv`` calls it first, and so does the trainer's config check (``sample_fast.envs.check_options``), so a
+    config is rejected for exactly what this backend would reject. 64-bit precision is checked against this
+    process's ``jax_enable_x64`` (``JAX_ENABLE_X64`` in the environment sets it at import, in child processes too).
+    ``model_params`` needs the model: checked later.
+    """
+    if name not in tasks.TASKS:
+        raise EnvError(f"backend 'mjx' runs the MuJoCo tasks {sorted(tasks.TASKS)}, not {name!r}")
+    opts = tasks.resolve_options(tasks.TASKS[name], options, MJX_OPTIONS)
+    precision = opts["precision"]
+    if precision not in ("float32", "float64"):
+        raise EnvError(f"precision must be 'float32' or 'float64', got {precision!r}")
+    if precision == "float64" and not jax.config.jax_enable_x64:
+        raise OptionError(
+            "precision",
+            precision,
+            "needs 64-bit JAX, which is off in this process (jax.config.jax_enable_x64 is False)",
+            hint="set JAX_ENABLE_X64=1 in the environment (or call jax.config.update('jax_enable_x64', True)) "
+            "before making the env, or use precision='float32'",
+        )
+    if opts["solver"] is not None and opts["solver"] not in _SOLVERS:
+        raise EnvError(f"solver must be one of {sorted(_SOLVERS)} or None, got {opts['solver']!r}")
+    tasks.check_int_option(opts, "xla_opt_level", 0, none="XLA's default")
+    return opts
+
+
 def jax_device_for(device: torch.device) -> Any:
     """The JAX device matching a torch device: ``cuda:k`` -> JAX GPU k, ``cpu`` -> the JAX CPU device."""
     if device.type == "cpu":
@@ -112,15 +140,13 @@ class MjxEnv(BatchedEnv):
     backend = "mjx"
 
     def __init__(self, name: str, num_envs: int, device: torch.device | str = "cpu", seed: int = 0, **options: Any):
-        if name not in tasks.TASKS:
-            raise EnvError(f"backend 'mjx' runs the MuJoCo tasks {sorted(tasks.TASKS)}, not {name!r}")
+        self.options = opts = check_options(name, options)
         self.name = name
         self.num_envs = int(num_envs)
         self.device = torch.device(device)
         self.task = task = tasks.TASKS[name]
-        self.options = opts = tasks.resolve_options(task, options, MJX_OPTIONS)
         self.jax_device = jax_device_for(self.device)
-        self.dtype = self._resolve_precision(opts["precision"])
+        self.dtype = jnp.float64 if opts["precision"] == "float64" else jnp.float32
         if opts["compilation_cache_dir"]:
             jax.config.update("jax_compilation_cache_dir", str(opts["compilation_cache_dir"]))
 
@@ -160,26 +186,11 @@ class MjxEnv(BatchedEnv):
 
     # ----- set-up ---------------------------------------------------------------------------------------
     @staticmethod
-    def _resolve_precision(precision: str) -> Any:
-        if precision == "float32":
-            return jnp.float32
-        if precision == "float64":
-            if not jax.config.jax_enable_x64:
-                raise EnvError(
-                    "precision='float64' needs 64-bit JAX: set JAX_ENABLE_X64=1 in the environment (or call "
-                    "jax.config.update('jax_enable_x64', True)) before making the env, or use precision='float32'"
-                )
-            return jnp.float64
-        raise EnvError(f"precision must be 'float32' or 'float64', got {precision!r}")
-
-    @staticmethod
     def _adapt_model(model: mujoco.MjModel, solver: str | None) -> list[str]:
         """Replace MuJoCo features MJX lacks, returning one line per change (also listed in docs/mjx.md)."""
         changes = []
         if solver is not None:
-            if solver not in _SOLVERS:
-                raise EnvError(f"solver must be one of {sorted(_SOLVERS)} or None, got {solver!r}")
-            model.opt.solver = _SOLVERS[solver]
+            model.opt.solver = _SOLVERS[solver]  # a known name (check_options)
         elif model.opt.solver == mujoco.mjtSolver.mjSOL_PGS:
             model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
             changes.append("solver PGS -> Newton (MJX implements only CG and Newton)")

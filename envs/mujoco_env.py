@@ -237,6 +237,25 @@ def _worker_loop(w: _Worker) -> None:
         w.done.set()
 
 
+def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The task's and this backend's options resolved and checked, without building a model; raises ``EnvError``.
+
+    ``MujocoEnv`` calls it first, and so does the trainer's config check (``sample_fast.envs.check_options``), so a
+    config is rejected for exactly what this backend would reject. (``model_params`` needs the model: checked later.)
+    """
+    if name not in TASKS:
+        raise EnvError(f"unknown task {name!r} for backend 'mujoco'; known tasks: {', '.join(sorted(TASKS))}")
+    opts = resolve_options(TASKS[name], options, BACKEND_OPTIONS)
+    num_threads = opts["num_threads"]
+    positive_int = isinstance(num_threads, int) and not isinstance(num_threads, bool) and num_threads >= 1
+    if num_threads is not None and not positive_int:
+        raise EnvError(f"num_threads must be a positive int (or None for os.cpu_count()), got {num_threads!r}")
+    timeout = opts["step_timeout_s"]
+    if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise EnvError(f"step_timeout_s must be a positive number of seconds, got {timeout!r}")
+    return opts
+
+
 class MujocoEnv(BatchedEnv):
     """``num_envs`` copies of a MuJoCo task stepped by ``num_threads`` worker threads.
 
@@ -258,25 +277,14 @@ class MujocoEnv(BatchedEnv):
     def __init__(
         self, name: str, num_envs: int, device: str | torch.device = "cpu", seed: int = 0, **task_options: Any
     ) -> None:
-        if name not in TASKS:
-            raise EnvError(f"unknown task {name!r} for backend 'mujoco'; known tasks: {', '.join(sorted(TASKS))}")
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise EnvError(f"num_envs must be a positive int, got {num_envs!r}")
         self._threads: list[threading.Thread] = []
         self._workers: list[_Worker] = []
+        self.opts = opts = check_options(name, task_options)
         self.task = TASKS[name]
-        self.opts = opts = resolve_options(self.task, task_options, BACKEND_OPTIONS)
         num_threads = opts["num_threads"] if opts["num_threads"] is not None else (os.cpu_count() or 1)
-        if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1:
-            raise EnvError(f"num_threads must be a positive int (or None for os.cpu_count()), got {num_threads!r}")
-        if not (isinstance(opts["step_timeout_s"], (int, float)) and opts["step_timeout_s"] > 0):
-            raise EnvError(f"step_timeout_s must be a positive number of seconds, got {opts['step_timeout_s']!r}")
-        frame_skip = opts["frame_skip"]
-        if not isinstance(frame_skip, int) or isinstance(frame_skip, bool) or frame_skip < 1:
-            raise EnvError(f"frame_skip must be a positive int, got {frame_skip!r}")
-        max_steps = opts["max_episode_steps"]
-        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-            raise EnvError(f"max_episode_steps must be a positive int or None (no limit), got {max_steps!r}")
+        frame_skip, max_steps = opts["frame_skip"], opts["max_episode_steps"]
 
         self.name, self.num_envs, self.device = name, num_envs, torch.device(device)
         self.num_threads = min(num_threads, num_envs)

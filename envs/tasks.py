@@ -411,30 +411,51 @@ def register_task(task: TaskDef, overwrite: bool = False) -> TaskDef:
 
 
 def resolve_options(task: TaskDef, given: dict[str, Any], backend_options: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``given`` over the task's and common defaults; unknown names raise ``ValueError`` listing the valid ones.
+    """Merge ``given`` over the task's and common defaults and check the common ones; raises ``EnvError``.
 
     ``backend_options`` are the backend's own settings with defaults (e.g. ``num_threads``); they are accepted too.
+    Unknown names raise ``UnknownOptionError`` listing the valid ones. Every backend's ``check_options`` starts here,
+    and so does the trainer's config check (through ``sample_fast.envs.check_options``).
     """
+    from .base import EnvError, OptionError, UnknownOptionError
+
     defaults = {**COMMON_OPTIONS, **task.options, **backend_options}
     unknown = sorted(set(given) - set(defaults))
     if unknown:
-        from .base import EnvError
-
-        raise EnvError(
-            f"unknown option(s) {unknown} for task {task.name!r}; valid options: {', '.join(sorted(defaults))}"
+        raise UnknownOptionError(
+            f"unknown option(s) {unknown} for task {task.name!r}; valid options: {', '.join(sorted(defaults))}",
+            unknown,
+            sorted(defaults),
         )
     opts = {**defaults, **given}
     if opts["frame_skip"] is None:
         opts["frame_skip"] = task.frame_skip
-    from .base import EnvError
-
     if opts["contacts"] not in ("all", "feet"):
         raise EnvError(f"contacts must be 'all' or 'feet', got {opts['contacts']!r}")
+    if opts["contacts"] == "feet" and not task.feet:
+        raise OptionError("contacts", "feet", f"needs the feet geoms of task {task.name!r}, which has none listed",
+                          hint="use contacts='all'")  # fmt: skip
     if opts["cone"] not in (None, *CONES):
         raise EnvError(f"cone must be one of {sorted(CONES)} or None (the model's own), got {opts['cone']!r}")
     if opts["integrator"] not in (None, *INTEGRATORS):
         raise EnvError(f"integrator must be one of {sorted(INTEGRATORS)} or None, got {opts['integrator']!r}")
+    check_int_option(opts, "frame_skip", 1)
+    check_int_option(opts, "max_episode_steps", 1, none="no time limit")
+    check_int_option(opts, "solver_iterations", 0, none="the model's own")
+    check_int_option(opts, "ls_iterations", 0, none="the model's own")
     return opts
+
+
+def check_int_option(opts: dict[str, Any], key: str, minimum: int, none: str | None = None) -> None:
+    """``opts[key]`` must be an int >= ``minimum`` (or None, meaning ``none``, when that is given)."""
+    from .base import OptionError
+
+    value = opts[key]
+    if value is None and none is not None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        allowed = f"an int >= {minimum}" + (f" or None ({none})" if none is not None else "")
+        raise OptionError(key, value, f"must be {allowed}")
 
 
 def is_terminated(xp: Any, healthy: Any, opts: dict[str, Any]) -> Any:

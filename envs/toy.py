@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .base import BatchedEnv, EnvError, EpisodeTracker, Spec, StepResult
+from .base import BatchedEnv, EnvError, EpisodeTracker, Spec, StepResult, UnknownOptionError
 
 #: Every option with its default; ``kind``-specific ones are listed in ``_KIND_OPTIONS``.
 DEFAULT_OPTIONS: dict[str, Any] = {
@@ -48,6 +48,36 @@ def _positive_int(opts: dict[str, Any], key: str) -> int:
     return value
 
 
+def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options of ``kind`` (defaults filled in) checked; raises ``EnvError``. ``ToyEnv`` calls it first, and so
+    does the trainer's config check (``sample_fast.envs.check_options``)."""
+    kind = options.get("kind", DEFAULT_OPTIONS["kind"])
+    if kind not in _KIND_OPTIONS:
+        raise EnvError(f"toy option kind must be one of {sorted(_KIND_OPTIONS)}, got {kind!r}")
+    valid = _KIND_OPTIONS[kind]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        other = [k for k in unknown if k in DEFAULT_OPTIONS]
+        hint = f"{', '.join(other)} only apply to another kind" if other else ""
+        raise UnknownOptionError(
+            f"unknown option(s) {unknown} for toy kind={kind!r}{f' ({hint})' if hint else ''}; "
+            f"valid options: {', '.join(valid)}",
+            unknown,
+            list(valid),
+            hint=hint,
+        )
+    opts = {k: options.get(k, DEFAULT_OPTIONS[k]) for k in valid}
+    for key in ("max_episode_steps", "dim", "num_states", "num_actions"):
+        if key in opts:
+            _positive_int(opts, key)
+    if kind == "continuous" and not (
+        isinstance(opts["miss_threshold"], (int, float)) and not isinstance(opts["miss_threshold"], bool)
+        and opts["miss_threshold"] > 0
+    ):  # fmt: skip
+        raise EnvError(f"toy option miss_threshold must be > 0, got {opts['miss_threshold']!r}")
+    return opts
+
+
 class ToyEnv(BatchedEnv):
     """The ``toy`` env (see the module docstring). Built by ``make("toy", num_envs, **options)``.
 
@@ -63,41 +93,28 @@ class ToyEnv(BatchedEnv):
     def __init__(self, name: str, num_envs: int, *, device: str | torch.device = "cpu", seed: int = 0, **options: Any):
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise EnvError(f"num_envs must be a positive int, got {num_envs!r}")
-        kind = options.get("kind", DEFAULT_OPTIONS["kind"])
-        if kind not in _KIND_OPTIONS:
-            raise EnvError(f"toy option kind must be one of {sorted(_KIND_OPTIONS)}, got {kind!r}")
-        valid = _KIND_OPTIONS[kind]
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            other = [k for k in unknown if k in DEFAULT_OPTIONS]
-            hint = f" ({', '.join(other)} only apply to another kind)" if other else ""
-            raise EnvError(
-                f"unknown option(s) {unknown} for toy kind={kind!r}{hint}; valid options: {', '.join(valid)}"
-            )
-        opts = {k: options.get(k, DEFAULT_OPTIONS[k]) for k in valid}
-        self.options = opts
+        self.options = opts = check_options(name, options)
+        kind = opts["kind"]
         self.kind = kind
         self.name = name
         self.num_envs = num_envs
         self.device = torch.device(device)
-        self.max_episode_steps = _positive_int(opts, "max_episode_steps")
+        self.max_episode_steps = opts["max_episode_steps"]
         self.terminate_on_miss = bool(opts["terminate_on_miss"])
         horizon = self.max_episode_steps
         self.optimal_return = float(horizon)
 
         if kind == "continuous":
-            self.dim = _positive_int(opts, "dim")
+            self.dim = opts["dim"]
             self.miss_threshold = float(opts["miss_threshold"])
-            if not self.miss_threshold > 0:
-                raise EnvError(f"toy option miss_threshold must be > 0, got {opts['miss_threshold']!r}")
             bound = torch.ones(self.dim, device=self.device)
             self.action_spec = Spec(shape=(self.dim,), dtype=torch.float32, low=-bound, high=bound)
             obs_dim = self.dim + 1
             # E[(a - x)^2] = Var(a) + Var(x) = 1/3 + 1/3 for a, x independent uniform on [-1, 1].
             self.random_return = None if self.terminate_on_miss else horizon * (1.0 - 2.0 / 3.0)
         else:
-            self.num_states = _positive_int(opts, "num_states")
-            self.num_actions = _positive_int(opts, "num_actions")
+            self.num_states = opts["num_states"]
+            self.num_actions = opts["num_actions"]
             self.action_spec = Spec(shape=(), dtype=torch.int64, num_actions=self.num_actions)
             obs_dim = self.num_states + 1
             p = 1.0 / self.num_actions

@@ -10,7 +10,6 @@ what to change -- before any process starts or any file is written. Component se
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 import os
 import re
@@ -52,12 +51,14 @@ class ConfigError(ValueError):
 class EnvConfig:
     """Which environment, how many copies, and where it simulates."""
 
-    name: str = MISSING  #: a task (ant, halfcheetah, hopper, walker2d, humanoid), toy, or gymnasium:<id>
+    #: a task (ant, halfcheetah, hopper, walker2d, humanoid), toy, gymnasium:<id> or gymnasium:<module>:<id>
+    name: str = MISSING
     backend: str = "auto"  #: auto (mujoco on CPU, mjx with CUDA), mujoco, mjx, envpool, gymnasium, toy
     device: str = "auto"  #: where env tensors live: auto (cuda for mjx when available, else cpu), cpu, cuda[:i]
     num_envs: int = 0  #: parallel envs in total; 0 = fitted to the machine (see resolve)
     num_threads: int = 0  #: simulator threads (mujoco backend); 0 = fitted to the cores
-    options: dict[str, Any] = field(default_factory=dict)  #: task options, e.g. {max_episode_steps: 500}
+    #: task and backend options, e.g. {max_episode_steps: 500}; checked by the backend's own check_options in resolve
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -171,19 +172,15 @@ def _positive(key: str, value: Any, allow_zero: bool = False, integer: bool = Tr
         raise ConfigError(f"{key}={value!r} must be {what} {'int' if integer else 'number'}{extra}")
 
 
-#: backend -> (module in sample_fast.envs, dict of its own options), imported only when a key needs it
-_BACKEND_OPTIONS = {
-    "mujoco": ("mujoco_env", "BACKEND_OPTIONS"),
-    "mjx": ("mjx_env", "MJX_OPTIONS"),
-    "envpool": ("envpool_env", "BACKEND_OPTIONS"),
-}
-
-
 def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
-    """Validate name/backend/options without building an env; return (backend, device) resolved."""
-    from .envs import BACKENDS, TASKS, EnvError, resolve_backend
+    """Validate name/backend/options without building an env; return (backend, device) resolved.
 
-    known = ", ".join([*sorted(TASKS), "toy", "gymnasium:<id>"])
+    The options are checked by the chosen backend's own check (``sample_fast.envs.check_options``, which its
+    constructor calls too), so a config is rejected here for exactly what ``make()`` would reject later.
+    """
+    from .envs import BACKENDS, TASKS, EnvError, OptionError, UnknownOptionError, check_options, resolve_backend
+
+    known = ", ".join([*sorted(TASKS), "toy", "gymnasium:<id>", "gymnasium:<module>:<id>"])
     if not env.name or env.name == MISSING:
         raise ConfigError(f"env.name is not set; pick a preset with env=<name> ({known})")
     if env.name not in TASKS and env.name != "toy" and not env.name.startswith("gymnasium:"):
@@ -201,28 +198,35 @@ def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
         raise ConfigError(f"env.backend: {e}") from None
     if backend == "mjx" and env.device == "auto" and not cuda:
         device = "cpu"
-    options = dict(env.options)
-    if env.name in TASKS:
-        from .envs.tasks import COMMON_OPTIONS
+    if "model_params" in env.options:
+        raise ConfigError(
+            "env.options.model_params is not supported by the trainer: its rows are one per env, but the trainer "
+            "builds each sampler split (env.num_envs / sampler.num_splits envs) and a 1-env spec probe from the same "
+            "options; drop it (per-env model fields work with sample_fast.envs.make(..., model_params=...))"
+        )
+    if backend == "gymnasium":  # the id is env.name's part: name it, not the options
+        from .envs.gymnasium_env import find_spec
 
-        valid = {**COMMON_OPTIONS, **TASKS[env.name].options}
-        unknown = sorted(set(options) - set(valid))
-        if unknown and backend in _BACKEND_OPTIONS:  # backend settings (e.g. mujoco's step_timeout_s) are valid too
-            module, attr = _BACKEND_OPTIONS[backend]
-            valid.update(getattr(importlib.import_module(f"sample_fast.envs.{module}"), attr, {}))
-            unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ConfigError(
-                f"env.options has unknown key(s) {unknown} for env {env.name!r}; valid: {', '.join(sorted(valid))}"
-            )
-    elif env.name == "toy":
-        from .envs.toy import DEFAULT_OPTIONS
-
-        unknown = sorted(set(options) - set(DEFAULT_OPTIONS))
-        if unknown:
-            raise ConfigError(
-                f"env.options has unknown key(s) {unknown} for env 'toy'; valid: {', '.join(sorted(DEFAULT_OPTIONS))}"
-            )
+        try:
+            find_spec(env.name)
+        except EnvError as e:
+            raise ConfigError(f"env.name={env.name!r}: {e}") from None
+    try:
+        check_options(env.name, backend, dict(env.options))
+    except OptionError as e:
+        raise ConfigError(e.config_message()) from None
+    except UnknownOptionError as e:
+        owners = "".join(
+            f"; {key} is an option of the {' and '.join(b)} backend: use env.backend={b[0]}, or drop {key}"
+            for key, b in e.owners.items()
+        )
+        hint = f" ({e.hint})" if e.hint else ""
+        raise ConfigError(
+            f"env.options has unknown key(s) {e.unknown} for env {env.name!r} on the {backend} backend{hint}{owners}; "
+            f"valid: {', '.join(e.valid)}"
+        ) from None
+    except EnvError as e:
+        raise ConfigError(f"env.options ({backend} backend): {e}") from None
     return backend, device
 
 

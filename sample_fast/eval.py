@@ -30,7 +30,7 @@ VIDEO_NAME = "eval.mp4"
 def load_run(run_dir: str, which: str = "best") -> tuple[TrainConfig, Any, dict, str]:
     """The run's config, a policy with the checkpoint's weights (eval mode, CPU), its state and checkpoint path."""
     from .checkpoint import CheckpointManager
-    from .train import build_policy, probe_specs
+    from .train import build_policy, on_cpu_simulator, probe_specs
 
     cfg_path = os.path.join(run_dir, "config.yaml")
     if not os.path.exists(cfg_path):
@@ -44,8 +44,7 @@ def load_run(run_dir: str, which: str = "best") -> tuple[TrainConfig, Any, dict,
         raise FileNotFoundError(f"no readable checkpoint in {run_dir}/checkpoints; train first")
     state, path = loaded
     # evaluate on the CPU simulator: the policy is small and one episode per env needs no GPU
-    cfg.env = dataclasses.replace(cfg.env, backend="mujoco" if cfg.env.backend == "mjx" else cfg.env.backend)
-    cfg.env.device = "cpu"
+    cfg.env = on_cpu_simulator(cfg.env)  # an mjx run's MJX-only options are left out
     obs_spec, act_spec = probe_specs(cfg.env)
     policy = build_policy(obs_spec, act_spec, cfg.policy)
     policy.load_state_dict(state["policy"])

@@ -241,7 +241,7 @@ class ProgressLogger:
         ]
         if "policy_lag_mean" in row:
             parts.append(f"lag {_fmt(row['policy_lag_mean'])}/{_fmt(row.get('policy_lag_max', math.nan))}")
-        for k in ("policy_loss", "value_loss", "entropy", "approx_kl"):
+        for k in ("policy_loss", "value_loss", "entropy", "kl"):  # the learner's metric names (Learner.update)
             if k in row:
                 parts.append(f"{k} {_fmt(row[k])}")
         parts.append(f"{row['wall_s']:.0f}s")

@@ -59,11 +59,24 @@ def build_env(env_cfg: EnvConfig, num_envs: int, seed: int = 0):
     )
 
 
+def on_cpu_simulator(env_cfg: EnvConfig) -> EnvConfig:
+    """The same env on the CPU: an mjx config becomes the MuJoCo C one (same task definition, model options and
+    specs), without its MJX-only options (precision, solver, xla_opt_level, ...), which the mujoco backend rejects."""
+    cfg = EnvConfig(**{**asdict(env_cfg), "device": "cpu"})
+    if env_cfg.backend == "mjx":
+        from .envs.mujoco_env import BACKEND_OPTIONS
+        from .envs.tasks import COMMON_OPTIONS, TASKS
+
+        takes = {*COMMON_OPTIONS, *TASKS[env_cfg.name].options, *BACKEND_OPTIONS}
+        cfg.backend = "mujoco"
+        cfg.options = {k: v for k, v in env_cfg.options.items() if k in takes}
+    return cfg
+
+
 def probe_specs(env_cfg: EnvConfig) -> tuple[Any, Any]:
-    """Observation and action specs, from a 1-env copy on the CPU simulator (MJX shares the task definition, so its
-    specs are the same without paying for a JAX compile here)."""
-    probe_cfg = EnvConfig(**{**asdict(env_cfg), "backend": "mujoco" if env_cfg.backend == "mjx" else env_cfg.backend})
-    probe_cfg.device = "cpu"
+    """Observation and action specs, from a 1-env copy on the CPU simulator (``on_cpu_simulator``: MJX shares the
+    task definition, so its specs are the same without paying for a JAX compile here)."""
+    probe_cfg = on_cpu_simulator(env_cfg)
     probe_cfg.num_threads = 1
     env = build_env(probe_cfg, num_envs=1)
     try:
@@ -160,7 +173,7 @@ def write_run_files(cfg: TrainConfig, rdir: str, resumed_from: int) -> None:
     )
     meta.setdefault("starts", []).append(
         {
-            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "argv": sys.argv,
             "host": platform.node(),
             "resumed_from_env_steps": resumed_from,

@@ -60,6 +60,70 @@ def test_presets_are_the_issue_list():
         assert _options(group), f"config group {group} is empty"
 
 
+#: What each env preset resolves to on a 2-core CPU machine, written from the YAML files and resolve()'s rules
+#: (64 envs per core, 2 splits): (env.name, env.backend, env.num_envs, run.total_env_steps, sampler.rollout_len, batch).
+#: batch = rollout_len x num_envs / num_splits: 64 x 128 / 2 = 4096 (MuJoCo presets), 16 x 16 / 2 = 128 (toy).
+PRESET_RESOLVED = {
+    "ant": ("ant", "mujoco", 128, 5_000_000, 64, 4096),
+    "ant_v4": ("ant", "mujoco", 128, 5_000_000, 64, 4096),
+    "halfcheetah": ("halfcheetah", "mujoco", 128, 5_000_000, 64, 4096),
+    "hopper": ("hopper", "mujoco", 128, 3_000_000, 64, 4096),
+    "walker2d": ("walker2d", "mujoco", 128, 5_000_000, 64, 4096),
+    "humanoid": ("humanoid", "mujoco", 128, 20_000_000, 64, 4096),
+    "toy": ("toy", "toy", 16, 100_000, 16, 128),
+}
+
+
+@pytest.mark.parametrize("env", ENV_PRESETS)
+def test_every_preset_resolves_to_its_values(env):
+    assert env in PRESET_RESOLVED, f"configs/env/{env}.yaml is new: add what it resolves to to PRESET_RESOLVED"
+    cfg = resolve(_compose(f"env={env}"), num_cores=2, cuda=False)
+    name, backend, num_envs, total, rollout_len, batch = PRESET_RESOLVED[env]
+    assert (cfg.env.name, cfg.env.backend, cfg.env.num_envs) == (name, backend, num_envs)
+    assert (cfg.run.total_env_steps, cfg.sampler.rollout_len, batch_size(cfg)) == (total, rollout_len, batch)
+    assert batch % cfg.learner.num_minibatches == 0  # appo: 4 minibatches of 1024 (MuJoCo) or 32 (toy)
+    # the preset's env.options are exactly its YAML's (nothing dropped or added on the way)
+    preset_yaml = yaml.safe_load((CONFIG_DIR / "env" / f"{env}.yaml").read_text())
+    assert cfg.env.options == preset_yaml["env"].get("options", {})
+
+
+@pytest.mark.parametrize("env", [e for e in ENV_PRESETS if e not in ("toy", "ant_v4")])
+def test_task_presets_build_the_gymnasium_task(env):
+    """The resolved preset builds (the env's own checks) with gymnasium's spaces for that task (the reference)."""
+    import gymnasium
+    from sample_fast.envs import TASKS, make
+
+    cfg = resolve(_compose(f"env={env}"), num_cores=2, cuda=False)
+    ref = gymnasium.make(TASKS[cfg.env.name].gymnasium_id)
+    try:
+        with make(cfg.env.name, 2, backend=cfg.env.backend, num_threads=1, **cfg.env.options) as built:
+            assert tuple(built.observation_spec.shape) == ref.observation_space.shape
+            assert tuple(built.action_spec.shape) == ref.action_space.shape
+    finally:
+        ref.close()
+
+
+BENCHMARK_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "benchmark" / "preset").glob("*.yaml"))
+
+
+# ids "preset-<name>": a bare "gpu" id would be read as the gpu marker (conftest) and skipped on CPU machines
+@pytest.mark.parametrize("preset", BENCHMARK_PRESETS, ids=lambda p: f"preset-{p}")
+def test_every_benchmark_preset_composes_and_resolves_to_its_values(preset):
+    """The other primary config (configs/benchmark.yaml) and each of its presets: every value the preset sets
+    reaches the resolved BenchmarkConfig."""
+    from sample_fast.benchmark import resolve as resolve_benchmark
+    from sample_fast.benchmark.__main__ import to_config
+
+    cfg = resolve_benchmark(to_config(compose("benchmark", overrides=[f"preset={preset}"])))
+    values = yaml.safe_load((CONFIG_DIR / "benchmark" / "preset" / f"{preset}.yaml").read_text())
+    assert values, f"preset {preset} sets nothing"
+    for key, value in _walk(values):
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == value, f"preset={preset}: {key} is {node!r}, the preset sets {value!r}"
+
+
 @pytest.mark.parametrize("env", ENV_PRESETS)
 def test_every_group_option_composes_and_resolves(env):
     for group in ("algo", "sampler", "logging"):
@@ -114,8 +178,8 @@ def test_run_dir_default_and_override(tmp_path):
     assert run_dir(cfg) == str(tmp_path / "x")
 
 
-def _component_configs() -> dict[str, tuple[type, type, str]]:
-    """TrainConfig section -> (its dataclass, the component whose constructor takes it, that parameter's name)."""
+def _component_configs() -> dict[str, tuple[type, str]]:
+    """TrainConfig section -> (the component whose constructor takes it, that parameter's name)."""
     from sample_fast.learner import Learner
     from sample_fast.policy import ActorCritic
     from sample_fast.runner import Runner
@@ -130,11 +194,7 @@ def _component_configs() -> dict[str, tuple[type, type, str]]:
 def test_sections_match_component_constructors():
     fields = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     hints = typing.get_type_hints(TrainConfig)
-    try:
-        components = _component_configs()
-    except ImportError as e:
-        pytest.skip(f"component not landed: {e}")
-    for section, (component, param) in components.items():
+    for section, (component, param) in _component_configs().items():  # an ImportError of our own code fails
         assert section in fields
         expected = typing.get_type_hints(component.__init__)[param]
         if typing.get_args(expected):  # ``Cfg | None``: the constructor's own default when None
@@ -215,6 +275,182 @@ BAD = [
     (["env=ant", "logging.progress=fancy"], "logging.progress='fancy' is unknown"),
     (["env=ant", "run.checkpoint_interval_s=0"], "run.checkpoint_interval_s=0"),
 ]
+
+
+#: Options a backend's make() rejects, which resolve() must reject first (with the config's spelling of the key and
+#: the fix): (overrides, fragment of the ConfigError, (name, backend, options) that make() rejects the same way).
+BACKEND_BAD = [
+    (
+        ["env=ant", "env.backend=envpool", "+env.options.contacts=feet"],
+        "env.options.contacts='feet' is not supported by the envpool backend for 'ant' (EnvPool's Ant-v5 has no "
+        "setting for it); use env.backend=mujoco, or leave contacts at its default 'all'",
+        ("ant", "envpool", {"contacts": "feet"}),
+    ),
+    (
+        ["env=ant", "env.backend=envpool", "+env.options.solver_iterations=2"],
+        "env.options.solver_iterations=2 is not supported by the envpool backend",
+        ("ant", "envpool", {"solver_iterations": 2}),
+    ),
+    (
+        ["env=hopper", "env.backend=envpool", "+env.options.healthy_z_range=[0.7,2.0]"],
+        "env.options.healthy_z_range=[0.7, 2.0] is not supported by the envpool backend for 'hopper' (EnvPool has "
+        "no healthy_z_max)",
+        ("hopper", "envpool", {"healthy_z_range": (0.7, 2.0)}),
+    ),
+    (
+        ["env=ant", "env.backend=envpool", "+env.options.include_cfrc_ext_in_observation=false"],
+        "unless contact_cost_weight=0",
+        ("ant", "envpool", {"include_cfrc_ext_in_observation": False}),
+    ),
+    (
+        ["env=ant", "env.backend=envpool", "+env.options.max_episode_steps=null"],
+        "env.options.max_episode_steps=None is not supported by the envpool backend (EnvPool needs a time limit)",
+        ("ant", "envpool", {"max_episode_steps": None}),
+    ),
+    (
+        ["env=ant", "env.backend=envpool", "+env.options.step_timeout_s=5"],
+        "step_timeout_s is an option of the mujoco backend: use env.backend=mujoco, or drop step_timeout_s",
+        ("ant", "envpool", {"step_timeout_s": 5}),
+    ),
+    (
+        ["env=ant", "env.backend=mujoco", "+env.options.xla_opt_level=0"],
+        "env.options has unknown key(s) ['xla_opt_level'] for env 'ant' on the mujoco backend; xla_opt_level is an "
+        "option of the mjx backend: use env.backend=mjx, or drop xla_opt_level",
+        ("ant", "mujoco", {"xla_opt_level": 0}),
+    ),
+    (
+        ["env=hopper", "+env.options.precision=float32"],  # backend auto = mujoco on the CPU
+        "precision is an option of the mjx backend: use env.backend=mjx",
+        ("hopper", "mujoco", {"precision": "float32"}),
+    ),
+    (
+        ["env=ant", "env.backend=mjx", "+env.options.precision=float64"],  # jax_enable_x64 is off in the tests
+        "env.options.precision='float64' needs 64-bit JAX, which is off in this process (jax.config.jax_enable_x64 "
+        "is False); set JAX_ENABLE_X64=1 in the environment",
+        ("ant", "mjx", {"precision": "float64"}),
+    ),
+    (
+        ["env=ant", "env.backend=mjx", "+env.options.precision=float16"],
+        "env.options (mjx backend): precision must be 'float32' or 'float64', got 'float16'",
+        ("ant", "mjx", {"precision": "float16"}),
+    ),
+    (
+        ["env=ant", "env.backend=mjx", "+env.options.solver=pgs"],
+        "env.options (mjx backend): solver must be one of ['cg', 'newton'] or None, got 'pgs'",
+        ("ant", "mjx", {"solver": "pgs"}),
+    ),
+    (
+        ["env=ant", "env.backend=mjx", "+env.options.xla_opt_level=fast"],
+        "env.options.xla_opt_level='fast' must be an int >= 0 or None (XLA's default)",
+        ("ant", "mjx", {"xla_opt_level": "fast"}),
+    ),
+    (
+        ["env=ant", "+env.options.frame_skip=0"],
+        "env.options.frame_skip=0 must be an int >= 1",
+        ("ant", "mujoco", {"frame_skip": 0}),
+    ),
+    (
+        ["env=ant", "+env.options.solver_iterations=many"],
+        "env.options.solver_iterations='many' must be an int >= 0 or None (the model's own)",
+        ("ant", "mujoco", {"solver_iterations": "many"}),
+    ),
+    (
+        ["env=ant", "+env.options.step_timeout_s=-1"],
+        "env.options (mujoco backend): step_timeout_s must be a positive number of seconds, got -1",
+        ("ant", "mujoco", {"step_timeout_s": -1}),
+    ),
+    (
+        ["env=ant", "+env.options.cone=round"],
+        "env.options (mujoco backend): cone must be one of ['elliptic', 'pyramidal']",
+        ("ant", "mujoco", {"cone": "round"}),
+    ),
+    (
+        ["env=toy", "env.options.dim=0"],
+        "env.options (toy backend): toy option dim must be a positive int, got 0",
+        ("toy", "toy", {"dim": 0}),
+    ),
+    (
+        ["env=toy", "+env.options.num_states=4"],  # the toy preset is kind=continuous
+        "unknown key(s) ['num_states'] for env 'toy' on the toy backend (num_states only apply to another kind)",
+        ("toy", "toy", {"kind": "continuous", "num_states": 4}),
+    ),
+    (
+        ["env.name=gymnasium:Pendulum-v1", "+env.options.vectorization=threads"],
+        "env.options (gymnasium backend): vectorization must be 'sync' or 'async', got 'threads'",
+        ("gymnasium:Pendulum-v1", "gymnasium", {"vectorization": "threads"}),
+    ),
+    (
+        ["env.name=gymnasium:NoSuchEnv-v0"],
+        "env.name='gymnasium:NoSuchEnv-v0': gymnasium has no env 'NoSuchEnv-v0'",
+        ("gymnasium:NoSuchEnv-v0", "gymnasium", {}),
+    ),
+    (
+        ["env.name=gymnasium:sf_no_such_module:Foo-v0"],
+        "env.name='gymnasium:sf_no_such_module:Foo-v0': could not import module 'sf_no_such_module'",
+        ("gymnasium:sf_no_such_module:Foo-v0", "gymnasium", {}),
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides, message, make_args", BACKEND_BAD)
+def test_what_make_rejects_resolve_rejects_first(overrides, message, make_args):
+    from sample_fast.envs import EnvError, make
+
+    with pytest.raises(ConfigError) as info:
+        resolve(_compose(*overrides), num_cores=2, cuda=False)
+    assert message in str(info.value)
+    name, backend, options = make_args
+    with pytest.raises(EnvError) as made:  # the backend's own check, before it builds anything
+        make(name, 2, backend=backend, device="cpu", **options)
+    key = list(options)[-1] if options else name.rsplit(":", 1)[-1]  # the option or env id both messages name
+    assert key in str(made.value)
+
+
+def test_the_right_backend_takes_the_options_the_wrong_one_rejects():
+    cfg = resolve(_compose("env=ant", "env.backend=mujoco", "+env.options.contacts=feet",
+                           "+env.options.solver_iterations=2"), num_cores=2, cuda=False)  # fmt: skip
+    assert cfg.env.options == {"contacts": "feet", "solver_iterations": 2}
+    mjx_options = ["+env.options.xla_opt_level=0", "+env.options.solver=cg", "+env.options.precision=float32"]
+    cfg = resolve(_compose("env=ant", "env.backend=mjx", *mjx_options), num_cores=2, cuda=False)
+    assert (cfg.env.backend, cfg.env.options) == ("mjx", {"xla_opt_level": 0, "solver": "cg", "precision": "float32"})
+    cfg = resolve(_compose("env=ant", "env.backend=envpool", "+env.options.thread_affinity_offset=0"), 2, False)
+    assert cfg.env.options == {"thread_affinity_offset": 0}
+
+
+def test_float64_mjx_is_accepted_with_64_bit_jax():
+    import jax
+
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        cfg = resolve(_compose("env=ant", "env.backend=mjx", "+env.options.precision=float64"), 2, False)
+        assert cfg.env.options == {"precision": "float64"}
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
+def test_model_params_are_rejected_by_the_trainer():
+    # a per-env [num_envs, ...] array cannot fit both a sampler split (num_envs / num_splits envs) and the 1-env probe
+    with pytest.raises(ConfigError, match=r"env.options.model_params is not supported by the trainer.*drop it"):
+        resolve(_compose("env=ant", "+env.options.model_params={body_mass:[[1.0]]}"), num_cores=2, cuda=False)
+
+
+def test_gymnasium_module_colon_id_resolves(tmp_path, monkeypatch):
+    """``gymnasium:<module>:<id>`` (gymnasium's own convention): resolve imports the module, which registers the id."""
+    import gymnasium
+
+    module, env_id = "sf_test_config_envs", "SampleFastConfigPendulum-v0"
+    (tmp_path / f"{module}.py").write_text(
+        f"import gymnasium\ngymnasium.register({env_id!r}, "
+        "entry_point='gymnasium.envs.classic_control.pendulum:PendulumEnv')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        cfg = resolve(_compose(f"env.name=gymnasium:{module}:{env_id}", "env.num_envs=4"), num_cores=2, cuda=False)
+        assert (cfg.env.backend, cfg.env.num_envs) == ("gymnasium", 4) and env_id in gymnasium.registry
+    finally:
+        gymnasium.registry.pop(env_id, None)
+        sys.modules.pop(module, None)
 
 
 @pytest.mark.parametrize("overrides,message", [b for b in BAD if b[1] is not None])

@@ -137,8 +137,8 @@ def test_seeded_determinism_and_reset_seed():
 @pytest.mark.parametrize(
     "task, options, fragment",
     [
-        ("ant", {"contacts": "feet"}, "envpool doesn't support option contacts='feet'"),
-        ("ant", {"main_body": 2}, "envpool doesn't support option main_body"),
+        ("ant", {"contacts": "feet"}, "option contacts='feet' is not supported by the envpool backend"),
+        ("ant", {"main_body": 2}, "option main_body=2 is not supported by the envpool backend"),
         ("ant", {"include_cfrc_ext_in_observation": False}, "unless contact_cost_weight=0"),
         ("hopper", {"healthy_z_range": (0.7, 2.0)}, "no healthy_z_max"),
         ("humanoid", {"include_cvel_in_observation": False}, "include_cvel_in_observation"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import gymnasium
 import numpy as np
 import pytest
@@ -160,3 +162,34 @@ gymnasium.register("SampleFastTest/DictObs-v0", entry_point=_DictObsEnv)
 def test_bad_input(name, options, fragment):
     with pytest.raises(EnvError, match=fragment):
         make(name, 2, **options)
+
+
+def test_module_colon_id_imports_the_module_that_registers_it(tmp_path, monkeypatch):
+    """gymnasium's own ``module:EnvId`` convention (gymnasium.make, make_vec): the module registers the id on import."""
+    module, env_id = "sf_test_tmp_envs", "SampleFastTmpPendulum-v0"
+    (tmp_path / f"{module}.py").write_text(
+        "import gymnasium\n"
+        f"gymnasium.register({env_id!r}, entry_point='gymnasium.envs.classic_control.pendulum:PendulumEnv', "
+        "max_episode_steps=3)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    assert env_id not in gymnasium.registry  # only the import below can register it
+    try:
+        with make(f"gymnasium:{module}:{env_id}", 2, seed=1) as env:
+            assert module in sys.modules and env.env_id == env_id
+            assert env.max_episode_steps == 3  # our registration's limit, not Pendulum-v1's 200
+            env.reset()
+            truncated = [env.step(torch.zeros(2, 1)).truncated.tolist() for _ in range(3)]
+            assert truncated == [[False, False], [False, False], [True, True]]
+    finally:
+        gymnasium.registry.pop(env_id, None)
+        sys.modules.pop(module, None)
+
+
+def test_module_colon_id_with_a_missing_module_names_the_module():
+    with pytest.raises(EnvError, match=r"could not import module 'sf_no_such_module'.*should register 'Foo-v0'"):
+        make("gymnasium:sf_no_such_module:Foo-v0", 2)
+    # the module imports but registers nothing under that id: the registry lookup names the id and the module
+    with pytest.raises(EnvError, match=r"no env 'NoSuchEnv-v0' after importing 'json'"):
+        make("gymnasium:json:NoSuchEnv-v0", 2)
