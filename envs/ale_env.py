@@ -1,9 +1,9 @@
 """``ale`` backend: Atari games on ale-py's ``AtariVectorEnv`` (C++ threads), ``make("Pong-v5", 16, backend="ale")``.
 
-It owns one ``AtariVectorEnv`` in sync mode (``batch_size == num_envs``, so ale-py's send/recv protocol is always
-one ``send`` of all N actions, then one ``recv``) with ale-py's same-step autoreset, whose ``info["final_obs"]`` is
-already our convention. It aligns two details with EnvPool (``envs.atari`` documents both): the frame stack at a
-game start repeats the first frame instead of zero padding, and a lost life is reported via ``life_loss_info``.
+It owns one ``AtariVectorEnv`` in sync mode (one ``send`` of all N actions, then one ``recv``: ale-py's documented
+protocol) with ale-py's same-step autoreset (its PR #614, May 2025; tested with 0.12.1), whose ``final_obs`` is our
+convention. Two details are aligned with EnvPool (docs/envs_backends.md): a game's first stack repeats its first
+frame instead of zero padding, and a lost life is reported through ``life_loss_info``. It owns no task definition.
 """
 
 from __future__ import annotations

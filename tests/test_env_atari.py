@@ -175,6 +175,17 @@ def test_envpool_and_ale_agree():
     done = ep["terminated"]
     assert diff[~done].max() == 0 and diff[done][:, :3].max() == 0
     assert diff[done][:, 3].float().mean() < 2.0  # measured: mean 0.06-0.08, max 142 on a few pixels
+    # At the time limit too (ale-py reaches it on the step's last frame and stops before capturing it).
+    final = {}
+    for backend in ("envpool", "ale"):
+        with make("Pong-v5", 1, backend=backend, max_episode_steps=50, **DETERMINISTIC) as env:
+            env.reset()
+            for _ in range(50):
+                res = env.step(_noop(1))
+            assert res.truncated.tolist() == [True] and res.terminated.tolist() == [False]
+            final[backend] = res.info["final_obs"].int()
+    diff = (final["envpool"] - final["ale"]).abs()
+    assert diff[:, :3].max() == 0 and diff[:, 3].float().mean() < 2.0  # measured: mean 0.16, max 136
 
 
 # ----- bad input -----------------------------------------------------------------------------------------------
