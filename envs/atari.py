@@ -137,11 +137,12 @@ class AtariEnvBase(BatchedEnv):
         self.frame_skip = self.options["frame_skip"]
         self.dt = None
         self.episodic_life = self.options["episodic_life"]
+        shape = (STACK_NUM, *FRAME_SHAPE)
         self.observation_spec = Spec(
-            shape=(STACK_NUM, *FRAME_SHAPE),
+            shape=shape,
             dtype=torch.uint8,
-            low=torch.zeros((), dtype=torch.uint8),
-            high=torch.full((), 255, dtype=torch.uint8),
+            low=torch.zeros(shape, dtype=torch.uint8),
+            high=torch.full(shape, 255, dtype=torch.uint8),
         )
         self._tracker = EpisodeTracker(num_envs, self.device)
         self._no_physics_reset = torch.zeros(num_envs, dtype=torch.bool, device=self.device)
