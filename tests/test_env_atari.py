@@ -155,8 +155,9 @@ def test_envpool_and_ale_agree():
     a game-over final_obs (ale-py stops the frame skip before it captures the screen of the last frame)."""
     pytest.importorskip("envpool")
     pytest.importorskip("ale_py")
-    steps, n = 800, 2
-    actions = torch.from_numpy(np.random.default_rng(0).integers(0, 6, (steps, n)))
+    steps, n = 780, 1
+    # One env, column 1 of this random sequence: it loses its game at step 764 (one env halves the test's time).
+    actions = torch.from_numpy(np.random.default_rng(0).integers(0, 6, (steps, 2))[:, 1:])
     runs = {}
     for backend in ("envpool", "ale"):
         with make("Pong-v5", n, backend=backend, seed=0, num_threads=1, **DETERMINISTIC) as env:
@@ -168,7 +169,7 @@ def test_envpool_and_ale_agree():
                 rec["final_obs"].append(res.info["final_obs"])
             runs[backend] = {key: torch.stack(v) for key, v in rec.items()}
     ep, ale = runs["envpool"], runs["ale"]
-    assert ep["terminated"].any()  # env 1 loses its game at step 764 of this sequence
+    assert ep["terminated"].nonzero().tolist() == [[763, 0]]
     for key in ("reward", "terminated", "truncated", "obs"):
         assert torch.equal(ep[key], ale[key]), key
     diff = (ep["final_obs"].int() - ale["final_obs"].int()).abs()
