@@ -6,12 +6,13 @@
         obs, reward, terminated, truncated, info = env.step(actions)
 
 Names: the MuJoCo tasks in ``TASKS`` (``ant``, ``halfcheetah``, ``hopper``, ``walker2d``, ``humanoid``, and robots
-added with ``sample_fast.envs.custom.register_robot``), ``toy``, and ``gymnasium:<registered id>`` for any gymnasium
-env (or ``gymnasium:<module>:<id>``, which imports the module that registers it first, as ``gymnasium.make`` does).
-The episode convention is in ``sample_fast.envs.base``; ``sample_fast.envs.adapters`` wraps any BatchedEnv as a
-gymnasium VectorEnv, a TorchRL EnvBase or an Isaac-style VecTask. ``check_options`` checks options the way a
-backend's constructor does, without building anything (the trainer's config check uses it).
-Backends import lazily, so ``import sample_fast.envs`` never pulls in JAX or EnvPool.
+added with ``sample_fast.envs.custom.register_robot``), ``toy``, ``gymnasium:<registered id>`` for any gymnasium
+env (or ``gymnasium:<module>:<id>``, which imports the module that registers it first, as ``gymnasium.make`` does),
+and Atari games as ``<Game>-v5`` (``Pong-v5``, ``SpaceInvaders-v5``: ``sample_fast.envs.atari``). The episode
+convention is in ``sample_fast.envs.base``; ``sample_fast.envs.adapters`` wraps any BatchedEnv as a gymnasium
+VectorEnv, a TorchRL EnvBase or an Isaac-style VecTask. ``check_options`` checks options the way a backend's
+constructor does, without building anything (the trainer's config check uses it).
+Backends import lazily, so ``import sample_fast.envs`` never pulls in JAX, EnvPool or ale-py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from . import atari
 from .base import BatchedEnv, EnvError, OptionError, Spec, StepResult, UnknownOptionError
 from .tasks import TASKS
 
@@ -44,11 +46,24 @@ BACKENDS: dict[str, tuple[str, str, str]] = {
     "mujoco": ("mujoco_env", "MujocoEnv", "mujoco"),
     "mjx": ("mjx_env", "MjxEnv", "mujoco-mjx jax"),
     "envpool": ("envpool_env", "EnvPoolEnv", "envpool"),
+    "ale": ("ale_env", "AleEnv", "ale-py"),
     "gymnasium": ("gymnasium_env", "GymnasiumEnv", "gymnasium"),
     "toy": ("toy", "ToyEnv", "(built in)"),
 }
 
-_BACKEND_MODULES = {"mujoco": "mujoco", "mjx": "mujoco.mjx", "envpool": "envpool", "gymnasium": "gymnasium"}
+#: The backends that run Atari games (``<Game>-v5`` names); envpool's MuJoCo class is in ``BACKENDS``.
+ATARI_BACKENDS: dict[str, tuple[str, str, str]] = {
+    "envpool": ("envpool_atari", "EnvPoolAtariEnv", "envpool"),
+    "ale": ("ale_env", "AleEnv", "ale-py"),
+}
+
+_BACKEND_MODULES = {
+    "mujoco": "mujoco",
+    "mjx": "mujoco.mjx",
+    "envpool": "envpool",
+    "ale": "ale_py",
+    "gymnasium": "gymnasium",
+}
 
 
 def available_backends() -> list[str]:
@@ -68,11 +83,12 @@ def available_backends() -> list[str]:
 
 
 def _known_names() -> str:
-    return ", ".join(sorted(TASKS)) + ", toy, gymnasium:<id> (e.g. gymnasium:Pendulum-v1)"
+    return ", ".join(sorted(TASKS)) + ", toy, gymnasium:<id> (e.g. gymnasium:Pendulum-v1), <Game>-v5 (Atari: Pong-v5)"
 
 
 def resolve_backend(name: str, backend: str, device: torch.device) -> str:
-    """Pick the backend for ``name``; ``auto`` means mjx when ``device`` is CUDA, else mujoco."""
+    """Pick the backend for ``name``. ``auto``: for MuJoCo tasks mjx when ``device`` is CUDA, else mujoco; for Atari
+    games envpool where it is installed, else ale."""
     if backend not in (*BACKENDS, "auto"):
         raise EnvError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(BACKENDS)}")
     if name == "toy":
@@ -83,8 +99,20 @@ def resolve_backend(name: str, backend: str, device: torch.device) -> str:
         if backend not in ("auto", "gymnasium"):
             raise EnvError(f"{name!r} runs on backend 'gymnasium' (got {backend!r}); use backend='auto'")
         return "gymnasium"
+    if atari.is_atari_name(name):
+        atari.rom_id(name)  # an unknown game raises here, listing the closest names
+        if backend not in ("auto", *ATARI_BACKENDS):
+            raise EnvError(f"Atari game {name!r} runs on backends {', '.join(ATARI_BACKENDS)} (got {backend!r})")
+        if backend == "auto":
+            # Atari emulation runs on the CPU whatever the device. EnvPool is the faster of the two here
+            # (docs/peers.md, 2 threads: Pong-v5 ~4.6k agent steps/s at 16 envs vs ale-py's ~3.9k), but it is an
+            # optional dependency and ale-py a required one.
+            return "envpool" if importlib.util.find_spec("envpool") is not None else "ale"
+        return backend
     if name not in TASKS:
         raise EnvError(f"unknown env {name!r}; known envs: {_known_names()}")
+    if backend == "ale":
+        raise EnvError(f"backend 'ale' runs Atari games (<Game>-v5, e.g. Pong-v5), not {name!r}")
     if backend == "toy":
         raise EnvError(f"backend 'toy' runs only env 'toy', not {name!r}")
     if backend == "gymnasium":
@@ -106,9 +134,9 @@ def make(
     """Build a ``BatchedEnv`` of ``num_envs`` copies of ``name``.
 
     Args:
-        name: a task in ``TASKS``, ``"toy"``, or ``"gymnasium:<id>"``.
+        name: a task in ``TASKS``, ``"toy"``, ``"gymnasium:<id>"`` or an Atari game ``"<Game>-v5"``.
         num_envs: number of environments, >= 1.
-        backend: ``auto``, ``mujoco``, ``mjx``, ``envpool``, ``gymnasium`` or ``toy``.
+        backend: ``auto``, ``mujoco``, ``mjx``, ``envpool``, ``ale``, ``gymnasium`` or ``toy``.
         device: where tensors live. Default: ``cuda`` for mjx when available, else ``cpu``.
         seed: seeds resets (noise on the initial state) and anything random in the backend.
         task_options: task settings (e.g. ``ctrl_cost_weight``, ``max_episode_steps``) and backend settings
@@ -127,7 +155,7 @@ def make(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise EnvError(f"device {device} requested but torch sees no CUDA device; use device='cpu'")
     chosen = resolve_backend(name, backend, device)
-    cls = getattr(_backend_module(chosen), BACKENDS[chosen][1])
+    cls = getattr(_backend_module(chosen, name), _backends_for(name)[chosen][1])
     try:
         return cls(name, num_envs, device=device, seed=seed, **task_options)
     except UnknownOptionError as e:
@@ -143,7 +171,7 @@ def check_options(name: str, backend: str, options: dict[str, Any]) -> dict[str,
     (``sample_fast.config.resolve``) calls it, so a config fails before any process starts or file is written.
     What needs a built model or env (``model_params`` shapes, gymnasium.make's own keyword arguments) is not checked.
     """
-    module = _backend_module(backend)
+    module = _backend_module(backend, name)
     try:
         out = module.check_options(name, dict(options))
     except UnknownOptionError as e:
@@ -155,8 +183,13 @@ def check_options(name: str, backend: str, options: dict[str, Any]) -> dict[str,
 _OWN_OPTIONS = {"mujoco": "BACKEND_OPTIONS", "mjx": "MJX_OPTIONS", "envpool": "BACKEND_OPTIONS"}
 
 
-def _backend_module(backend: str) -> Any:
-    module_name, _, package = BACKENDS[backend]
+def _backends_for(name: str) -> dict[str, tuple[str, str, str]]:
+    """The backend table for ``name``: Atari games have their own envpool class (and the ale backend)."""
+    return ATARI_BACKENDS if atari.is_atari_name(name) else BACKENDS
+
+
+def _backend_module(backend: str, name: str = "") -> Any:
+    module_name, _, package = _backends_for(name)[backend]
     try:
         return importlib.import_module(f"{__name__}.{module_name}")
     except ImportError as e:

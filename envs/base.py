@@ -104,7 +104,8 @@ class Spec:
 
 
 class StepResult(NamedTuple):
-    """What ``step``/``recv`` return. Shapes: obs ``[N, *obs_shape]`` float32, reward ``[N]`` float32,
+    """What ``step``/``recv`` return. Shapes: obs ``[N, *obs_shape]`` of ``observation_spec.dtype`` (float32; uint8
+    for Atari frames), reward ``[N]`` float32,
     terminated/truncated ``[N]`` bool, info: dict of tensors ``[N, ...]`` (see the module docstring)."""
 
     obs: torch.Tensor
@@ -251,7 +252,9 @@ class BatchedEnv(abc.ABC):
             raise EnvError(f"actions contain NaN or inf for envs {bad[:10]}; check the policy output")
         if spec.is_discrete and actions.numel() and (actions.min() < 0 or actions.max() >= spec.num_actions):
             lo, hi = int(actions.min()), int(actions.max())
-            raise EnvError(f"discrete actions must be in [0, {spec.num_actions}); got values in [{lo}, {hi}]")
+            raise EnvError(
+                f"discrete actions must be in [0, {spec.num_actions}); got values in [{lo}, {hi}]; expected {expected}"
+            )
 
     def _check_open(self) -> None:
         if self._closed:

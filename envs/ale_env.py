@@ -1,0 +1,151 @@
+"""``ale`` backend: Atari games on ale-py's ``AtariVectorEnv`` (C++ threads), ``make("Pong-v5", 16, backend="ale")``.
+
+It owns one ``AtariVectorEnv`` in sync mode (one ``send`` of all N actions, then one ``recv``: ale-py's documented
+protocol) with ale-py's same-step autoreset (its PR #614, May 2025; tested with 0.12.1), whose ``final_obs`` is our
+convention. Two details are aligned with EnvPool (docs/envs_backends.md): a game's first stack repeats its first
+frame instead of zero padding, and a lost life is reported through ``life_loss_info``. It owns no task definition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from ale_py.vector_env import AtariVectorEnv
+from gymnasium.vector import AutoresetMode
+
+from .atari import FRAME_SHAPE, STACK_NUM, AtariEnvBase, check_options  # noqa: F401 (the config check looks it up here)
+from .base import EnvError, StepResult
+
+
+def _pad_stack(frames: np.ndarray, rows: np.ndarray, steps: np.ndarray) -> None:
+    """In place: rows ``rows`` of ``frames`` ``[N, STACK, H, W]``, ``steps[k]`` agent steps into their game, get
+    their zero-padded oldest frames replaced by the oldest real one (EnvPool's and gymnasium's FrameStack padding).
+
+    ale-py clears its stack to zeros at each game reset, so after ``s < STACK - 1`` steps the first
+    ``STACK - 1 - s`` frames are black; EnvPool fills the stack with the first frame instead.
+    """
+    for row, s in zip(rows.tolist(), steps.tolist(), strict=True):
+        first = STACK_NUM - 1 - s
+        frames[row, :first] = frames[row, first]
+
+
+class AleEnv(AtariEnvBase):
+    """``num_envs`` copies of an Atari game on ``ale_py.vector_env.AtariVectorEnv``.
+
+    Args:
+        name: ``"<Game>-v5"`` (see ``envs.atari``).
+        num_envs: number of envs.
+        device: where returned tensors live (emulation runs on ale-py's CPU threads).
+        seed: the first ``reset()`` seeds env i with ``seed + i`` (ROM reload, no-op starts and sticky actions).
+        options: ``envs.atari.ATARI_OPTIONS`` and ``BACKEND_OPTIONS``.
+    """
+
+    backend = "ale"
+
+    def __init__(self, name: str, num_envs: int, *, device: str | torch.device = "cpu", seed: int = 0, **options: Any):
+        self._pool: Any = None
+        self._init_task(name, num_envs, device, options)
+        o = self.options
+        self._pool = AtariVectorEnv(
+            game=self.rom,
+            num_envs=num_envs,
+            batch_size=0,  # == num_envs: sync mode, results in env-id order
+            num_threads=self.num_threads,
+            thread_affinity_offset=o["thread_affinity_offset"],
+            # ale-py caps frames, EnvPool agent steps; the same cap in agent steps on both.
+            max_num_frames_per_episode=o["max_episode_steps"] * o["frame_skip"],
+            repeat_action_probability=float(o["repeat_action_probability"]),
+            full_action_space=o["full_action_space"],
+            autoreset_mode=AutoresetMode.SAME_STEP,
+            img_height=FRAME_SHAPE[0],
+            img_width=FRAME_SHAPE[1],
+            grayscale=True,
+            stack_num=STACK_NUM,
+            frameskip=o["frame_skip"],
+            maxpool=True,
+            noop_max=o["noop_max"],
+            # ale-py's episodic_life restarts the whole game after a lost life; life_loss_info reports the loss
+            # as terminated and lets the game go on, which is what EnvPool-style episodic life means.
+            episodic_life=False,
+            life_loss_info=o["episodic_life"],
+            reward_clipping=False,  # the env reports the raw game score; clipping is a learner option
+            use_fire_reset=o["fire_reset"],
+        )
+        self._set_num_actions(self._pool.single_action_space.n)
+        self._seed = seed
+        self._seed_next_reset = True
+        self._all_ids = np.arange(num_envs, dtype=np.int32)
+        self._steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since each env's game reset
+        self._frames = np.zeros(num_envs, dtype=np.int64)  # ale-py's episode frame number at the last step
+        self._lives = np.zeros(num_envs, dtype=np.int64)
+        self._needs_reset = True
+
+    # ----- backend hooks --------------------------------------------------------------------------------------
+    def _reset(self, seed: int | None) -> tuple[torch.Tensor, dict[str, Any]]:
+        if seed is not None:
+            self._seed, self._seed_next_reset = seed, True
+        # The first reset (and reset(seed)) seeds env i with seed + i; a plain reset() continues each env's RNG.
+        obs, info = self._pool.reset(seed=self._seed if self._seed_next_reset else None)  # SYNC
+        self._seed_next_reset = False
+        obs = np.array(obs, copy=True)
+        obs[:, : STACK_NUM - 1] = obs[:, STACK_NUM - 1 : STACK_NUM]  # every env is 0 steps into its game
+        self._steps[:] = 0
+        self._frames[:] = info["episode_frame_number"]
+        self._lives[:] = info["lives"]
+        self._tracker.reset()
+        self._needs_reset = False
+        return self._to_torch(obs, torch.uint8), {"lives": self._to_torch(self._lives, torch.int64)}
+
+    def _send(self, actions: torch.Tensor) -> None:
+        try:
+            if self._needs_reset:
+                raise EnvError(f"call reset() before the first step of {self!r}")
+            host = self._host_actions(actions, np.int64)
+        except EnvError:
+            self._pending = None  # the failed send leaves nothing pending
+            raise
+        # PERF: returns once ale-py's threads have the actions.
+        self._pool.send(host)
+
+    def _recv(self, actions: torch.Tensor) -> StepResult:
+        obs, reward, terminated, truncated, info = self._pool.recv()  # SYNC: ale-py's recv has no timeout
+        if not np.array_equal(info["env_id"], self._all_ids):
+            raise EnvError(f"ale-py returned rows for envs {info['env_id'][:8]}...; expected env-id order")
+        lives = np.asarray(info["lives"], dtype=np.int64)
+        frames = np.asarray(info["episode_frame_number"], dtype=np.int64)
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        # Which rows did ale-py reset? Truncated and game-over rows; but with life_loss_info a lost life is also
+        # `terminated` and is not reset. A lost life continues the game: exactly frame_skip more frames, fewer
+        # lives but not 0; a reset row restarts the frame count and the lives (a coincidence of all three would
+        # need a reset with more no-op frames than the whole previous game had and fewer starting lives).
+        reset_rows = truncated | terminated
+        if self.episodic_life:
+            life_lost = (frames == self._frames + self.frame_skip) & (lives < self._lives) & (lives > 0)
+            reset_rows &= ~life_lost
+        steps = self._steps + 1
+        obs = np.array(obs, copy=True)
+        final_obs = None
+        if reset_rows.any():
+            final_obs = obs.copy()
+            final_obs[reset_rows] = info["final_obs"][reset_rows]
+            steps[reset_rows] = 0
+        pad = np.flatnonzero(steps < STACK_NUM - 1)
+        if pad.size:
+            _pad_stack(obs, pad, steps[pad])
+        if final_obs is not None:
+            # The ended games' last stacks, padded by the steps they had reached.
+            ended = np.flatnonzero(reset_rows & (self._steps + 1 < STACK_NUM - 1))
+            if ended.size:
+                _pad_stack(final_obs, ended, self._steps[ended] + 1)
+            keep = ~reset_rows
+            final_obs[keep] = obs[keep]
+        self._steps, self._frames, self._lives = steps, frames, lives
+        return self._output(obs, np.asarray(reward, dtype=np.float32), terminated, truncated, final_obs, lives)
+
+    def _close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None  # the last reference: its destructor stops and joins ale-py's threads
