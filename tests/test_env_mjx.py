@@ -13,16 +13,13 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import mujoco
 import numpy as np
 import pytest
 import torch
-from sample_fast.envs import EnvError, make, tasks
-
-pytest.importorskip("mujoco.mjx")
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from sample_fast.envs import mjx_env  # noqa: E402
+from sample_fast.envs import EnvError, make, mjx_env, tasks
 
 NUM_ENVS = 4
 MAX_STEPS = 25
@@ -390,7 +387,6 @@ def test_hopper_terminates_when_unhealthy_and_resets():
 
 def compare_with_mujoco_backend(env, actions: torch.Tensor, seed: int, obs_atol: float, rew_atol: float) -> None:
     """Step the ``mujoco`` backend (envs/mujoco_env.py) from MJX's reset state with the same actions; compare."""
-    pytest.importorskip("sample_fast.envs.mujoco_env")
     user = {k: v for k, v in env.options.items() if k not in mjx_env.MJX_OPTIONS}
     with make(env.name, env.num_envs, backend="mujoco", seed=0, num_threads=1, **user) as ref:
         ref.reset(seed=0)
