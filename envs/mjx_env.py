@@ -216,7 +216,7 @@ class MjxEnv(BatchedEnv):
         normal_qvel = task.reset_noise == "uniform_normal"
         max_steps = opts["max_episode_steps"]
         zero_cfrc = jnp.zeros((self.consts.nbody, 6), dtype)
-        skip_idle_reset = self.jax_device.platform == "cpu"
+        skip_idle_reset = skips_idle_reset(self.jax_device)
         kinematics_only = set(fields) <= {"qpos", "qvel", "xpos", "xipos", "cfrc_ext"}
         mx_axes = self._mx_axes  # None: one model shared by every env
 
@@ -368,6 +368,13 @@ class MjxEnv(BatchedEnv):
         """Test hook: set env ``env_idx``'s qvel to NaN, as a diverged simulation would."""
         d = self._state.data
         self._state = self._state._replace(data=d.replace(qvel=d.qvel.at[env_idx].set(jnp.nan)))
+
+
+def skips_idle_reset(jax_device: Any) -> bool:
+    """Whether the step program computes the auto-reset branch only when some env's episode ended (``lax.cond``:
+    the CPU), or always, selecting per row (GPUs: see ``step_all``). Both give the same results; a module-level
+    function so the tests can build the GPU program on the CPU."""
+    return jax_device.platform == "cpu"
 
 
 def _seed_keys(seed: int, num_envs: int) -> jax.Array:

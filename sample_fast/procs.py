@@ -34,6 +34,42 @@ def new_control(shared: bool) -> torch.Tensor:
     return ctrl.share_memory_() if shared else ctrl
 
 
+class SharedRngState:
+    """The async sampler process's torch (CPU) RNG state, published for the runner's checkpoints.
+
+    One writer (the sampler process, at its slot boundaries), one reader (the runner, when it checkpoints); neither
+    ever waits on the other. A sequence count guards the copy (a seqlock): the writer makes it odd, copies the state,
+    makes it even; the reader copies between two reads of the count and retries if a write overlapped. A write is a
+    ~5 KB memcpy, so a retry is rare and short.
+    """
+
+    def __init__(self) -> None:
+        self.state = torch.zeros_like(torch.get_rng_state()).share_memory_()  # uint8 [5056] (mt19937 + extras)
+        self.seq = torch.zeros(1, dtype=torch.int64).share_memory_()  # 0: nothing published yet; odd: writing
+
+    def write(self, state: torch.Tensor) -> None:
+        seq = int(self.seq[0])
+        self.seq[0] = seq + 1
+        self.state.copy_(state)
+        self.seq[0] = seq + 2  # INVARIANT: the state is complete before the even count that publishes it
+
+    def read(self, timeout_s: float = 1.0) -> torch.Tensor | None:
+        """A consistent copy of the last published state; None if none was published (or, after ``timeout_s`` of
+        overlapping writes, which a writer stopped mid-copy could cause)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            seq = int(self.seq[0])
+            if seq == 0:
+                return None
+            if seq % 2 == 0:
+                copy = self.state.clone()
+                if int(self.seq[0]) == seq:
+                    return copy
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.001)
+
+
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
     """Ask Linux to send ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG); no-op elsewhere.
 

@@ -233,6 +233,8 @@ class TrainHooks:
             "policy": policy.state_dict(),
             "learner": learner.state_dict(),
             "rng": rng_state(),
+            # the sampler's action-noise stream: its own process in async mode (serial: the same as rng["torch"])
+            "sampler_rng": self.runner.sampler_rng_state(),
             "episode_return_mean": ret,
         }
         self.ckpt.save(state, env_steps=int(env_steps), metric=None if math.isnan(ret) else ret)
@@ -361,7 +363,10 @@ def train(cfg_in: DictConfig | TrainConfig) -> dict:
         return {"env_steps": start_env_steps, "run_dir": rdir}
 
     try:
-        runner = Runner(env_fn, policy_fn, learner_fn, sampler_cfg, mode=cfg.run.mode, hooks=hooks)
+        sampler_rng = resume_state.get("sampler_rng") if resume_state is not None else None
+        runner = Runner(
+            env_fn, policy_fn, learner_fn, sampler_cfg, mode=cfg.run.mode, hooks=hooks, sampler_rng_state=sampler_rng
+        )
         hooks.runner = runner
         with StopOnSignals(runner):
             summary = runner.run(

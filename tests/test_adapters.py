@@ -19,8 +19,9 @@ import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from sample_fast.envs import TASKS, EnvError, make
+from sample_fast.envs import TASKS, BatchedEnv, EnvError, make
 from sample_fast.envs.adapters import GymnasiumSingleEnv, GymnasiumVectorEnv, TorchRLEnv, VecTaskEnv
+from sample_fast.envs.base import StepResult
 from sample_fast.envs.custom import register_robot
 
 # A planar two-link arm with no contacts and no reset noise: fully deterministic on the mujoco backend.
@@ -277,16 +278,167 @@ def _doc_blocks() -> list[str]:
         return re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
 
 
-def _run_doc_blocks(include_mjx: bool) -> int:
+class _StepRecorder:
+    """Every ``BatchedEnv`` step result (cloned) and reset, per env in order of first use: the independent record
+    the adapters' outputs in the doc examples are checked against."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.envs: list = []
+        self.steps: dict = {}
+        recv, reset = BatchedEnv.recv, BatchedEnv.reset
+
+        def recording_recv(env):
+            res = recv(env)
+            self._seen(env).append(
+                StepResult(*(x.clone() for x in res[:4]), {k: v.clone() for k, v in res.info.items()})
+            )
+            return res
+
+        def recording_reset(env, seed=None):
+            self._seen(env)
+            return reset(env, seed)
+
+        monkeypatch.setattr(BatchedEnv, "recv", recording_recv)
+        monkeypatch.setattr(BatchedEnv, "reset", recording_reset)
+
+    def _seen(self, env) -> list:
+        if env not in self.steps:
+            self.envs.append(env)
+            self.steps[env] = []
+        return self.steps[env]
+
+
+def _check_arm_obs_and_reward(obs: torch.Tensor, reward: torch.Tensor, actions: torch.Tensor) -> None:
+    """The page's doc_arm: obs = [cos q (2), sin q (2), qvel (2), fingertip xy (2)], after a step.
+
+    A step ends with an integration (Euler: q <- q_prev + dt * qvel), and xpos is from the forward pass before it,
+    i.e. at q_prev = q - dt * qvel (dt = 0.01). Forward kinematics of the two 0.5 m links at q_prev gives the
+    fingertip; the reward is minus the fingertip's distance to (0.3, 0.6) minus 0.01 |a|^2."""
+    assert obs.shape == (16, 8) and obs.dtype == torch.float32 and reward.shape == (16,)
+    o = obs.double()
+    torch.testing.assert_close(o[:, 0:2].square() + o[:, 2:4].square(), torch.ones(16, 2, dtype=torch.float64))
+    q_prev = torch.atan2(o[:, 2:4], o[:, 0:2]) - 0.01 * o[:, 4:6]
+    elbow = q_prev[:, 0] + q_prev[:, 1]
+    tip = 0.5 * torch.stack([q_prev[:, 0].cos() + elbow.cos(), q_prev[:, 0].sin() + elbow.sin()], -1)
+    torch.testing.assert_close(o[:, 6:8], tip, atol=2e-6, rtol=0)
+    distance = (o[:, 6:8] - torch.tensor([0.3, 0.6], dtype=torch.float64)).norm(dim=-1)
+    torch.testing.assert_close(reward.double(), -distance - 0.01 * actions.double().square().sum(-1), atol=1e-6, rtol=0)
+
+
+def _check_gymnasium_vector(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    (env,) = new_envs
+    steps = rec.steps[env]
+    assert len(steps) == 10
+    obs, reward, terminated, truncated = ns["obs"], ns["reward"], ns["terminated"], ns["truncated"]
+    assert obs.shape == (4, 3) and obs.dtype == np.float32 and reward.dtype == np.float32
+    assert terminated.dtype == truncated.dtype == np.bool_
+    for ours, theirs in zip((obs, reward, terminated, truncated), steps[-1][:4], strict=True):
+        np.testing.assert_array_equal(ours, theirs.numpy())  # the adapter's arrays are the BatchedEnv's
+    # max_episode_steps=5 and no termination: step 10 ends every episode by the time limit
+    assert truncated.all() and not terminated.any()
+    np.testing.assert_array_equal(ns["last_obs"], steps[-1].info["final_obs"].numpy())
+    assert (ns["last_obs"][:, -1] == 1.0).all() and (obs[:, -1] == 0.0).all()  # obs[-1] is t / max_episode_steps
+    expected_returns = torch.stack([r.reward for r in steps[5:]]).sum(0)  # the second episode: steps 6..10
+    np.testing.assert_allclose(ns["returns"], expected_returns.numpy(), rtol=1e-5)
+
+
+def _check_gymnasium_single(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    (env,) = new_envs
+    last = rec.steps[env][-1]
+    obs, reward = ns["obs"], ns["reward"]
+    assert obs.shape == (3,) and obs.dtype == np.float32 and isinstance(reward, float)
+    assert isinstance(ns["terminated"], bool) and isinstance(ns["truncated"], bool)
+    np.testing.assert_array_equal(obs, last.info["final_obs"][0].numpy())  # gymnasium: the step's own next obs
+    assert reward == float(last.reward[0])
+    assert (ns["terminated"], ns["truncated"]) == (bool(last.terminated[0]), bool(last.truncated[0]))
+
+
+def _check_torchrl(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    (env,) = new_envs
+    steps = rec.steps[env][-12:]  # the rollout's (check_env_specs stepped the env before)
+    td, next_obs = ns["td"], ns["next_obs"]
+    assert td.batch_size == torch.Size([4, 12]) and next_obs.shape == (4, 12, 3)
+    terminated, truncated = ns["terminated"], ns["truncated"]
+    assert terminated.shape == truncated.shape == (4, 12, 1) and terminated.dtype == truncated.dtype == torch.bool
+    torch.testing.assert_close(next_obs, torch.stack([r.info["final_obs"] for r in steps], 1), rtol=0, atol=0)
+    assert torch.equal(truncated[..., 0], torch.stack([r.truncated for r in steps], 1))
+    # the rollout reset the batch: episodes of 5 steps end at rollout steps 5 and 10 (indices 4, 9), never else
+    assert torch.equal(truncated[0, :, 0].nonzero().flatten(), torch.tensor([4, 9])) and truncated.all(0).any()
+    assert not terminated.any() and (next_obs[:, [4, 9], -1] == 1.0).all()
+
+
+def _check_vectask(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    (env,) = new_envs
+    steps = rec.steps[env]
+    vec, obs_dict, rewards, dones, extras = ns["env"], ns["obs_dict"], ns["rewards"], ns["dones"], ns["extras"]
+    assert len(steps) == 20 and obs_dict["obs"] is vec.obs_buf and rewards is vec.rew_buf and dones is vec.reset_buf
+    assert obs_dict["obs"].shape == (8, 3) and dones.dtype == torch.int64
+    torch.testing.assert_close(obs_dict["obs"], steps[-1].obs, rtol=0, atol=0)
+    torch.testing.assert_close(rewards, steps[-1].reward, rtol=0, atol=0)
+    # step 20 of 5-step episodes: every env hit its time limit; zero values leave the shaped reward unchanged
+    assert (dones == 1).all() and extras["time_outs"].all() and not extras["terminated"].any()
+    assert torch.equal(ns["shaped"], rewards)
+    assert "Box(" in out and "(3,)" in out  # the printed observation space: one env's 3 floats
+
+
+def _check_custom_robot(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    (env,) = new_envs
+    assert env.backend == "mujoco" and len(rec.steps[env]) == 1
+    assert not ns["terminated_t"].any() and not ns["truncated_t"].any()
+    _check_arm_obs_and_reward(ns["obs"], ns["reward_t"], torch.zeros(16, 2))
+    torch.testing.assert_close(ns["obs"], rec.steps[env][0].obs, rtol=0, atol=0)
+
+
+def _check_custom_robot_mjx(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    (env,) = new_envs
+    assert env.backend == "mjx"
+    _check_arm_obs_and_reward(ns["obs"], ns["reward_t"], torch.zeros(16, 2))
+
+
+def _check_domain_randomization(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    params = ns["params"]
+    with make("doc_arm", 16, backend="mujoco") as plain:
+        mass0, damping0 = plain.model.body_mass, plain.model.dof_damping
+        plain.reset(seed=0)
+        plain_obs = plain.step(torch.ones(16, 2)).obs
+    mass_ratio = params["body_mass"][:, 1:] / mass0[1:]
+    damping_ratio = params["dof_damping"] / damping0
+    assert params["body_mass"].shape == (16, 4) and (params["body_mass"][:, 0] == 0).all()
+    assert mass_ratio.min() >= 0.8 and mass_ratio.max() <= 1.2 and mass_ratio.std() > 0.05  # drawn per env
+    assert damping_ratio.min() >= 0.5 and damping_ratio.max() <= 2.0
+    _check_arm_obs_and_reward(ns["obs"], ns["reward_t"], torch.ones(16, 2))
+    # same seed and actions, other masses and damping: the joint velocities after the step differ
+    assert (ns["obs"][:, 4:6] - plain_obs[:, 4:6]).abs().amax(1).min() > 1e-4
+
+
+#: One check per ```python block of docs/wrappers.md, in page order.
+DOC_CHECKS = [
+    _check_gymnasium_vector,
+    _check_gymnasium_single,
+    _check_torchrl,
+    _check_vectask,
+    _check_custom_robot,
+    _check_custom_robot_mjx,
+    _check_domain_randomization,
+]
+
+
+def _run_doc_blocks(include_mjx: bool, monkeypatch, capsys) -> int:
+    """Run the page's blocks in one namespace, in order, and check each one's results."""
+    blocks = _doc_blocks()
+    assert len(blocks) == len(DOC_CHECKS), "docs/wrappers.md gained or lost an example: give it a check here"
+    rec = _StepRecorder(monkeypatch)
     namespace: dict = {"__name__": "docs_wrappers"}
     ran = 0
     try:
-        for block in _doc_blocks():
+        for block, check in zip(blocks, DOC_CHECKS, strict=True):
             if block.startswith("# needs: mjx") and not include_mjx:
                 continue
+            known = len(rec.envs)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*infinity.*")
                 exec(compile(block, DOC, "exec"), namespace)  # blocks share one namespace, in page order
+            check(namespace, rec, rec.envs[known:], capsys.readouterr().out)
             ran += 1
     finally:
         TASKS.pop("doc_arm", None)  # registered by the page's example
@@ -294,11 +446,11 @@ def _run_doc_blocks(include_mjx: bool) -> int:
 
 
 @pytest.mark.timeout(120)
-def test_docs_examples_run():
-    assert _run_doc_blocks(include_mjx=False) == 6
+def test_docs_examples_run(monkeypatch, capsys):
+    assert _run_doc_blocks(include_mjx=False, monkeypatch=monkeypatch, capsys=capsys) == 6
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_docs_examples_run_mjx():
-    assert _run_doc_blocks(include_mjx=True) == 7
+def test_docs_examples_run_mjx(monkeypatch, capsys):
+    assert _run_doc_blocks(include_mjx=True, monkeypatch=monkeypatch, capsys=capsys) == 7

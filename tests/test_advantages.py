@@ -506,11 +506,25 @@ SIMULATOR_SCRIPT = textwrap.dedent(
     import os, sys
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba.cuda is imported
     import numpy as np
+    from sample_fast.extensions import _numba_cuda as kernels
     from sample_fast.extensions._numba_cuda import launch_gae, launch_vtrace
 
+    launch_shape = kernels._launch_shape
+    shapes = []  # every (blocks, threads) launched, recorded per case
+
+    def recording_launch_shape(num_columns):
+        shapes.append(launch_shape(num_columns))
+        return shapes[-1]
+
+    kernels._launch_shape = recording_launch_shape
+    small_threads = kernels.SMALL_THREADS_PER_BLOCK
     data = np.load(sys.argv[1])
-    out = {}
+    out = {"thresholds": np.array([launch_shape(32767), launch_shape(32768)])}  # the real rule, around its switch
     for key in sorted({k.split("/")[0] for k in data.files}):
+        # "t256" cases launch the production 256-thread blocks at a small B (the real rule uses them only from
+        # B = 32768 on, far too many columns for the simulator's one Python thread per CUDA thread)
+        kernels.SMALL_THREADS_PER_BLOCK = kernels.THREADS_PER_BLOCK if key.startswith("t256") else small_threads
+        shapes.clear()
         d = {name: data[f"{key}/{name}"] for name in ("bl", "tl", "r", "v", "boot", "te", "tr", "tv")}
         gamma, lam, rho_clip, c_clip = data[f"{key}/scalars"]
         base = (d["r"], d["v"], d["boot"], d["te"], d["tr"], d["tv"])
@@ -519,6 +533,7 @@ SIMULATOR_SCRIPT = textwrap.dedent(
         pg, vs = np.empty_like(d["r"]), np.empty_like(d["r"])
         launch_vtrace(d["bl"], d["tl"], *base, gamma, lam, rho_clip, c_clip, pg, vs)
         out.update({f"{key}/adv": adv, f"{key}/targets": targets, f"{key}/pg": pg, f"{key}/vs": vs})
+        out[f"{key}/launch"] = np.array(shapes)
     np.savez(sys.argv[2], **out)
     """
 )
@@ -529,20 +544,24 @@ def test_cuda_kernel_in_simulator_matches_reference(tmp_path: Path):
     cases = {}
     data = {}
     shapes = [(1, 1), (1, 64), (7, 33), (33, 1), (33, 64), (7, 64), (7, 130)]  # 130: three 64-thread blocks
+    # B = 300 with 256-thread blocks: one full block and a partial one (44 columns, 212 idle threads); float64
+    # only (its reference comparison is exact to 1e-12); T = 9 crosses several episode ends per column.
+    threads_256 = [(9, 300, torch.float64)]
     clips = [(1.0, 1.0), (2.0, 1.0), (math.inf, math.inf)]
-    for i, (num_steps, num_envs) in enumerate(shapes):
-        for dtype in (torch.float64, torch.float32):
-            key = f"case{i}_{str(dtype)[6:]}"
-            inputs = make_inputs(num_steps, num_envs, dtype=dtype, seed=i, p_done=0.15)
-            scalars = (0.97, 0.9, *clips[i % len(clips)])
-            cases[key] = (inputs, scalars)
-            arrays = dict(
-                bl=inputs["behavior_logp"], tl=inputs["target_logp"], r=inputs["rewards"], v=inputs["values"],
-                boot=inputs["bootstrap_value"], te=inputs["terminated"], tr=inputs["truncated"],
-                tv=inputs["truncation_values"],
-            )  # fmt: skip
-            data.update({f"{key}/{k}": v.numpy() for k, v in arrays.items()})
-            data[f"{key}/scalars"] = np.array(scalars)
+    specs = [(f"case{i}", i, n, b, dt) for i, (n, b) in enumerate(shapes) for dt in (torch.float64, torch.float32)]
+    specs += [(f"t256case{i}", i, n, b, dt) for i, (n, b, dt) in enumerate(threads_256, start=len(shapes))]
+    for name, i, num_steps, num_envs, dtype in specs:
+        key = f"{name}_{str(dtype)[6:]}"
+        inputs = make_inputs(num_steps, num_envs, dtype=dtype, seed=i, p_done=0.15)
+        scalars = (0.97, 0.9, *clips[i % len(clips)])
+        cases[key] = (inputs, scalars)
+        arrays = dict(
+            bl=inputs["behavior_logp"], tl=inputs["target_logp"], r=inputs["rewards"], v=inputs["values"],
+            boot=inputs["bootstrap_value"], te=inputs["terminated"], tr=inputs["truncated"],
+            tv=inputs["truncation_values"],
+        )  # fmt: skip
+        data.update({f"{key}/{k}": v.numpy() for k, v in arrays.items()})
+        data[f"{key}/scalars"] = np.array(scalars)
     np.savez(tmp_path / "in.npz", **data)
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
     proc = subprocess.run(
@@ -551,7 +570,13 @@ def test_cuda_kernel_in_simulator_matches_reference(tmp_path: Path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = np.load(tmp_path / "out.npz")
+    # the production rule: 64-thread blocks below 128 x 256 columns, 256-thread blocks from there on
+    np.testing.assert_array_equal(out["thresholds"], [[512, 64], [128, 256]])
     for key, (inputs, (gamma, lam, rho_clip, c_clip)) in cases.items():
+        num_envs = inputs["rewards"].shape[1]
+        threads = 256 if key.startswith("t256") else 64
+        blocks = -(-num_envs // threads)  # ceil: every column gets a thread, the last block partly idle
+        np.testing.assert_array_equal(out[f"{key}/launch"], [[blocks, threads]] * 2, err_msg=key)  # GAE, V-trace
         ref_inputs = as_float64(inputs)
         tv = ref_inputs["truncation_values"]
         is_float64 = inputs["rewards"].dtype == torch.float64

@@ -9,8 +9,12 @@ import pickle
 
 import pytest
 import torch
+from sample_fast.envs import Spec
 
 from sample_fast.checkpoint import CheckpointError, CheckpointManager, read_checkpoint_file
+from sample_fast.policy import ActorCritic, PolicyConfig
+
+OBS_SPEC, ACT_SPEC = Spec(shape=(3,), dtype=torch.float32), Spec(shape=(2,), dtype=torch.float32)
 
 
 def state_for(step: int) -> dict:
@@ -89,21 +93,72 @@ def test_damaged_newest_checkpoint_falls_back_with_warning(tmp_path, caplog, dam
     assert any(newest.name in r.getMessage() for r in caplog.records)
 
 
-def test_learner_and_policy_state_survive_a_checkpoint(tmp_path):
-    from sample_fast.envs import Spec
+def _trained_learner(num_trains: int):
+    """A policy and learner after ``num_trains`` APPO iterations on synthetic batches: Adam moments, counters, the
+    reward scaler and the minibatch generator have all moved from their initial values."""
+    from test_learner import make_batch
 
     from sample_fast.learner import Learner, LearnerConfig
-    from sample_fast.policy import ActorCritic, PolicyConfig
 
-    obs_spec, act_spec = Spec(shape=(3,), dtype=torch.float32), Spec(shape=(2,), dtype=torch.float32)
-    policy = ActorCritic(obs_spec, act_spec, PolicyConfig(hidden_sizes=[8]))
-    policy.update_normalizer(torch.randn(10, 3))
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS_SPEC, ACT_SPEC, PolicyConfig(hidden_sizes=[8]))
     learner = Learner(policy, LearnerConfig())
+    for i in range(num_trains):
+        learner.train(make_batch(policy, seed=i, version=learner.policy_version))
+    return policy, learner
+
+
+def _fresh_learner(seed: int):
+    from sample_fast.learner import Learner, LearnerConfig
+
+    torch.manual_seed(seed)
+    policy = ActorCritic(OBS_SPEC, ACT_SPEC, PolicyConfig(hidden_sizes=[8]))
+    return policy, Learner(policy, LearnerConfig())
+
+
+def test_learner_and_policy_state_round_trip_exactly(tmp_path):
+    from test_learner import make_batch
+
+    policy, learner = _trained_learner(num_trains=3)
     mgr = CheckpointManager(tmp_path)
-    mgr.save({"policy": policy.state_dict(), "learner": learner.state_dict()}, env_steps=1)
+    mgr.save({"policy": policy.state_dict(), "learner": learner.state_dict()}, env_steps=144)
     state, _ = mgr.load_latest()
-    restored = ActorCritic(obs_spec, act_spec, PolicyConfig(hidden_sizes=[8]))
-    restored.load_state_dict(state["policy"])
-    Learner(restored, LearnerConfig()).load_state_dict(state["learner"])
+
+    restored_policy, restored = _fresh_learner(seed=1)  # other initial weights, empty Adam state, generator at seed
+    assert not torch.equal(restored_policy.state_dict()["actor.0.weight"], policy.state_dict()["actor.0.weight"])
+    assert not restored.optimizer.state  # the check below cannot pass by accident
+    restored_policy.load_state_dict(state["policy"])
+    restored.load_state_dict(state["learner"])
+
+    # policy weights and normaliser statistics
     for key, value in policy.state_dict().items():
-        assert torch.equal(value, restored.state_dict()[key]), key
+        assert torch.equal(value, restored_policy.state_dict()[key]), key
+    # Adam moments and step counts, parameter by parameter
+    for p, q in zip(learner.params, restored.params, strict=True):
+        a, b = learner.optimizer.state[p], restored.optimizer.state[q]
+        assert set(a) == set(b) == {"step", "exp_avg", "exp_avg_sq"}
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+        assert float(a["step"]) == learner.num_updates  # every update stepped every parameter
+    # counters: 3 trains of a [8, 6] batch, 2 epochs x 4 minibatches each, none skipped
+    assert (learner.policy_version, learner.env_steps, learner.num_updates) == (3, 3 * 48, 3 * 2 * 4)
+    for name in ("policy_version", "env_steps", "num_updates", "lr_scale", "adaptive_lr", "nonfinite_skips",
+                 "rollbacks", "consecutive_skips", "_good_updates"):  # fmt: skip
+        assert getattr(restored, name) == getattr(learner, name), name
+    # reward scaler: one discounted return per reward seen (3 x 48), the per-env running returns
+    src, dst = learner.reward_scaler, restored.reward_scaler
+    assert src.count == 3 * 48 and (dst.count, dst.mean, dst.var) == (src.count, src.mean, src.var)
+    assert torch.equal(dst.returns, src.returns)
+    # the minibatch generator: the next permutation is the one the uninterrupted learner draws
+    state_before = learner.generator.get_state()
+    assert torch.equal(
+        torch.randperm(48, generator=restored.generator), torch.randperm(48, generator=learner.generator)
+    )
+    learner.generator.set_state(state_before)
+    restored.generator.set_state(state_before)
+    # Together: one more iteration on the same batch gives bit-identical metrics and weights.
+    batch = make_batch(policy, seed=10, version=3)
+    metrics, restored_metrics = learner.train(batch.clone()), restored.train(batch.clone())
+    assert metrics == restored_metrics
+    for (key, value), other in zip(policy.state_dict().items(), restored_policy.state_dict().values(), strict=True):
+        assert torch.equal(value, other), key

@@ -175,7 +175,6 @@ def test_randomize_model_params_draws_within_scale(arm):
 # ----- mjx backend ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mjx_arm(arm):
-    pytest.importorskip("mujoco.mjx")
     cache = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, ".pytest_cache", "mjx-xla"))
     env = make(arm, 3, backend="mjx", model_params=_params(), xla_opt_level=0, compilation_cache_dir=cache)
     yield env
@@ -260,8 +259,6 @@ def test_terminated_must_be_bool_and_functions_must_run():
 
 
 def test_numpy_only_function_fails_the_jax_trace():
-    pytest.importorskip("jax")
-
     def numpy_obs(xp, p):
         return np.concatenate([p.qpos, p.qvel], axis=-1)  # np instead of xp: works batched, breaks under jit
 

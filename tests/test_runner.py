@@ -6,6 +6,7 @@ Process start-up with spawn costs ~2-6 s here, so each async test starts exactly
 
 import functools
 import gc
+import math
 import multiprocessing
 import os
 import signal
@@ -16,9 +17,9 @@ import time
 import pytest
 import torch
 from sample_fast.envs.toy import ToyEnv
-from test_sampler import VersionPolicy, check_batch, toy_env
+from test_sampler import ACTION_STEP, LOG_STD, VersionPolicy, check_batch, toy_env
 
-from sample_fast.procs import pid_alive, shm_entries
+from sample_fast.procs import SharedRngState, pid_alive, shm_entries
 from sample_fast.runner import Runner, SamplerError
 from sample_fast.sampler import SamplerConfig
 
@@ -166,13 +167,31 @@ def test_serial_runner_trains_on_correct_batches():
 def test_async_runner_trains_on_correct_batches_and_leaves_nothing_behind():
     before = shm_entries()
     runner, hooks = _runner("async", delay_s=0.01)
+    child = {}
+
+    def record_child(h, env_steps):
+        proc = h.runner.process
+        if not child:
+            child["pid"] = proc.pid
+            close = proc.close
+
+            def close_recording_exitcode():  # Process.exitcode is unreadable once closed: record it just before
+                child["exitcode"] = proc.exitcode
+                close()
+
+            proc.close = close_recording_exitcode
+
+    hooks.on_train_extra = record_child
     summary = runner.run(total_env_steps=48 * 30, start_env_steps=96)
     _check_run(runner, hooks, summary, 48 * 30, start=96)
     assert hooks.alive_at_stop  # on_stop ran before shutdown: the trainer can still checkpoint with a live sampler
     lags = torch.cat([lag.flatten() for lag in runner.learner.lags])
     assert lags.min() >= 0 and lags.max() > 0  # the sampler really ran ahead of the learner, and versions say so
-    child_pid = hooks.trains and runner.process
-    assert runner.process is None and child_pid is None  # joined and closed
+    assert runner.process is None  # joined and closed
+    # The child exited by itself through CTRL_STOP (exit code 0), not terminate() (-SIGTERM) or kill() (-SIGKILL),
+    # and it is gone: no process, not even a zombie.
+    assert child["exitcode"] == 0
+    assert not pid_alive(child["pid"]) and not os.path.exists(f"/proc/{child['pid']}")
     del runner, hooks
     assert _new_shm(before) == set()
 
@@ -191,7 +210,9 @@ def test_killed_sampler_is_detected_within_seconds():
     hooks.on_train_extra = kill_on_second_train
     with pytest.raises(SamplerError, match="died with signal SIGKILL"):
         runner.run(total_env_steps=10**9)
-    assert time.monotonic() - killed["t"] < 5.0
+    # Detection is the next poll_s=0.05 wait plus a join: measured 0.05-0.3 s. The bound leaves a loaded 2-core
+    # machine ~30x that, and still fails a runner that only notices a dead child through the 3 s heartbeat or later.
+    assert time.monotonic() - killed["t"] < 10.0
     assert not pid_alive(killed["pid"])
     assert len(hooks.stops) == 1 and hooks.stops[0][1].startswith("error: SamplerError")
 
@@ -222,7 +243,69 @@ def test_stalled_sampler_is_reported_with_its_stack():
     message = str(err.value)
     # faulthandler's dump of the child: the hung frame and the sampler loop that called it
     assert "in _step" in message and "in advance" in message and "test_runner.py" in message
+    # heartbeat_timeout_s (3) + the dump wait (<= 2) + shutdown (1, then terminate): measured 4.4 s; a bound ~14x
+    # that, far below the child's 120 s hang, so a runner that waited for the hang to end fails here.
     assert time.monotonic() - t0 < 60
+
+
+class NoiseRecordingLearner(CheckingLearner):
+    """Also keeps each batch's action noise, recovered from the actions: VersionPolicy acts with
+    ``mean(version) + exp(LOG_STD) * torch.randn(num_envs, 2)`` and the mean is ``ACTION_STEP * version``."""
+
+    def __init__(self, policy: VersionPolicy) -> None:
+        super().__init__(policy)
+        self.noise: list[torch.Tensor] = []
+
+    def train(self, batch) -> dict[str, float]:
+        mean = ACTION_STEP * batch["policy_version"].unsqueeze(-1).double()
+        self.noise.append((batch["actions"].double() - mean) / math.exp(LOG_STD))
+        return super().train(batch)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["serial", "async"])
+def test_sampler_rng_starts_from_the_given_state_and_is_published(mode):
+    """The sampler's action noise (VersionPolicy: torch.randn in the sampler's process) continues from the RNG
+    state a resumed run passes in, and ``sampler_rng_state()`` returns a state of that same stream."""
+    start = torch.Generator().manual_seed(1234).get_state()
+    hooks = RecordingHooks()
+    runner = Runner(functools.partial(toy_env, 6), VersionPolicy, NoiseRecordingLearner, _cfg(), mode=mode,
+                    hooks=hooks, sampler_rng_state=start)  # fmt: skip
+    hooks.runner = runner
+    published_during_run = []
+    hooks.on_train_extra = lambda h, steps: published_during_run.append(h.runner.sampler_rng_state())
+    runner.run(total_env_steps=48 * 6)
+    # Expected: the stream from `start`. The splits act in turn, each drawing randn(6, 2): the first slot of split 0
+    # holds draws 0, 2, ..., 14 and the first slot of split 1 draws 1, 3, ..., 15.
+    gen = torch.Generator()
+    gen.set_state(start)
+    draws = torch.stack([torch.randn(6, 2, generator=gen) for _ in range(16)]).double()
+    first_two = runner.learner.noise[:2]
+    expected = [draws[0::2], draws[1::2]]
+    assert any(torch.allclose(first_two[0], e, atol=1e-3) for e in expected), "the first slot's noise is not the stream"
+    assert any(torch.allclose(first_two[1], e, atol=1e-3) for e in expected)
+    assert not torch.allclose(first_two[0], first_two[1], atol=1e-3)  # two different slots (one per split)
+    # Each published state lies on the same stream: k whole act() draws of randn(6, 2) after `start`.
+    gen.set_state(start)
+    reachable = {bytes(start.numpy())}
+    for _ in range(2000):
+        torch.randn(6, 2, generator=gen)
+        reachable.add(bytes(gen.get_state().numpy()))
+    published = [*published_during_run, runner.sampler_rng_state()]
+    assert all(state is not None and state.dtype == torch.uint8 for state in published)
+    assert all(bytes(state.numpy()) in reachable for state in published)
+    assert not torch.equal(published[-1], start)  # it advanced: the state is read from the sampler, not echoed
+
+
+def test_shared_rng_state_reads_only_complete_writes():
+    shared = SharedRngState()
+    assert shared.read() is None  # nothing published yet
+    state = torch.Generator().manual_seed(5).get_state()
+    shared.write(state)
+    assert torch.equal(shared.read(), state) and int(shared.seq[0]) == 2
+    shared.seq[0] = 3  # a writer stopped mid-copy: the reader gives up after its timeout instead of a torn state
+    t0 = time.monotonic()
+    assert shared.read(timeout_s=0.05) is None and time.monotonic() - t0 < 5.0
 
 
 _SIGTERM_SCRIPT = """
@@ -316,10 +399,11 @@ def test_killed_runner_takes_its_sampler_down(tmp_path):
         proc.kill()
         proc.wait(timeout=10)
         t0 = time.monotonic()
-        while pid_alive(child_pid) and time.monotonic() - t0 < 10:
+        # PR_SET_PDEATHSIG delivers SIGTERM at once (measured < 0.2 s); 30 s tolerates a loaded machine, and a
+        # sampler that relied on noticing the dead parent by itself, or never exited, still fails.
+        while pid_alive(child_pid) and time.monotonic() - t0 < 30:
             time.sleep(0.05)
-        assert not pid_alive(child_pid), "the sampler outlived its runner by 10 s"
-        assert time.monotonic() - t0 < 5.0
+        assert not pid_alive(child_pid), "the sampler outlived its runner by 30 s"
     finally:
         if proc.poll() is None:
             proc.kill()
