@@ -92,7 +92,7 @@ def bench_sampler(args, seconds: float) -> tuple[float, float]:
     envs = build_split_envs(env_fn, args.num_splits)
     store = TrajectoryStore(
         envs[0].observation_spec, envs[0].action_spec, cfg.rollout_len, per_split, cfg.num_slots,
-        max_episode_steps=envs[0].max_episode_steps, device=envs[0].device,
+        max_episode_steps=envs[0].truncation_limit, device=envs[0].device,
     )  # fmt: skip
     policy = make_policy(envs[0].observation_spec, envs[0].action_spec).to(envs[0].device)
     sampler = Sampler(envs, policy, store, cfg, version_fn=lambda: 0, split_seeds=list(range(args.num_splits)))

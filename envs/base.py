@@ -169,6 +169,10 @@ class BatchedEnv(abc.ABC):
     backend: str
     name: str
     max_episode_steps: int | None = None
+    #: Whether ``truncated`` comes only from the time limit, so an env truncates at most once every
+    #: ``max_episode_steps`` steps (the trajectory store sizes its final-observation table on it: ``truncation_limit``).
+    #: False where the env itself may truncate for other reasons (any gymnasium env).
+    truncates_only_at_time_limit: bool = True
     #: Seconds of simulated time per env step (``timestep * frame_skip``), where the backend knows it.
     dt: float | None = None
     #: Physics steps per env step.
@@ -177,6 +181,12 @@ class BatchedEnv(abc.ABC):
 
     _pending: torch.Tensor | None = None
     _closed: bool = False
+
+    @property
+    def truncation_limit(self) -> int | None:
+        """The fewest env steps between two truncations of one env: ``max_episode_steps`` where the time limit is the
+        only cause of truncation, else None (no bound: a truncation could come at any step)."""
+        return self.max_episode_steps if self.truncates_only_at_time_limit else None
 
     # ----- public API -------------------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:

@@ -114,6 +114,9 @@ class GymnasiumEnv(BatchedEnv):
     observations become one-hot vectors).
     """
 
+    #: A gymnasium env may truncate for its own reasons (not only its TimeLimit), so no truncation bound is assumed.
+    truncates_only_at_time_limit = False
+
     backend = "gymnasium"
 
     def __init__(self, name: str, num_envs: int, *, device: str | torch.device = "cpu", seed: int = 0, **options: Any):

@@ -242,7 +242,7 @@ class Runner:
                 cfg.rollout_len,
                 first.num_envs,
                 cfg.num_slots,
-                max_episode_steps=first.max_episode_steps,
+                max_episode_steps=first.truncation_limit,
                 store_values=cfg.store_values,
                 device=first.device,
             )

@@ -193,3 +193,16 @@ def test_module_colon_id_with_a_missing_module_names_the_module():
     # the module imports but registers nothing under that id: the registry lookup names the id and the module
     with pytest.raises(EnvError, match=r"no env 'NoSuchEnv-v0' after importing 'json'"):
         make("gymnasium:json:NoSuchEnv-v0", 2)
+
+
+def test_no_truncation_bound_is_assumed_for_gymnasium_envs():
+    """A gymnasium env may truncate for its own reasons, so the trajectory store must size its final-obs table for
+    the worst case (T rows per env); envs whose only truncation is the time limit report that limit."""
+    from sample_fast.trajectory_store import final_obs_capacity
+
+    with make("gymnasium:Pendulum-v1", 2, max_episode_steps=200) as env:
+        assert env.max_episode_steps == 200 and env.truncation_limit is None
+        assert final_obs_capacity(64, env.num_envs, env.truncation_limit) == 64 * 2
+    with make("toy", 3, max_episode_steps=16) as toy:
+        assert toy.truncation_limit == 16
+        assert final_obs_capacity(64, toy.num_envs, toy.truncation_limit) == 3 * 4  # ceil(64 / 16) = 4 per env

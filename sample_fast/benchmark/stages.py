@@ -190,7 +190,7 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         policy = build_policy(first.observation_spec, first.action_spec, cfg.policy_hidden_sizes, str(first.device))
         store = TrajectoryStore(
             first.observation_spec, first.action_spec, cfg.rollout_len, per_split, scfg.num_slots,
-            max_episode_steps=first.max_episode_steps, device=first.device,
+            max_episode_steps=first.truncation_limit, device=first.device,
         )  # fmt: skip
         sampler = Sampler(
             envs, policy, store, scfg, version_fn=lambda: 0, split_seeds=[cfg.seed + i for i in range(num_splits)]
