@@ -607,22 +607,13 @@ class Learner:
         cfg = self.cfg
         with self._autocast():
             target_logp, entropy, values = self.policy.evaluate(obs, actions)
-        if weights is None:
-            policy_loss, clip_frac, _ = ppo_clip_loss(
-                target_logp, behavior_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip
-            )
-            v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask)
-            mean_entropy = masked_mean(entropy, mask)
-            kl = approx_kl(target_logp, behavior_logp, mask)
-        else:  # a batch with replayed segments: the same terms, each sample weighted (sample_fast.replay)
-            from sample_fast import replay as rp
-
-            policy_loss, clip_frac = rp.weighted_ppo_clip_loss(
-                target_logp, behavior_logp, advantages, cfg.clip_eps, weights, mask, dual_clip=cfg.dual_clip
-            )
-            v_loss = rp.weighted_value_loss(values, value_targets, weights, old_values, cfg.value_clip, mask)
-            mean_entropy = rp.weighted_mean(entropy, weights, mask)
-            kl = rp.weighted_approx_kl(target_logp, behavior_logp, weights, mask)
+        # weights: replay's IS weights (1 for fresh columns); None without replay, the plain means bit for bit.
+        policy_loss, clip_frac, _ = ppo_clip_loss(
+            target_logp, behavior_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip, weights=weights
+        )
+        v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask, weights=weights)
+        mean_entropy = masked_mean(entropy, mask, weights)
+        kl = approx_kl(target_logp, behavior_logp, mask, weights)
         loss = policy_loss + cfg.value_coef * v_loss - cfg.entropy_coef * mean_entropy
         if cfg.kl_coef:
             loss = loss + cfg.kl_coef * kl
