@@ -3,8 +3,8 @@
 Owns the optimizer, the learning-rate schedule, the return-based reward scaler, the minibatch RNG, the policy-lag
 mask and non-finite recovery (skip, then roll back to the last good state with a lower learning rate). It updates
 the policy's observation statistics but never touches an env, a process or the ParamStore: the runner publishes
-weights after ``train``. The math lives in ``sample_fast.losses`` and ``sample_fast.extensions`` (V-trace).
-See docs/learner.md for the objective and every config field.
+weights after ``train``. The math lives in ``sample_fast.losses``, ``sample_fast.targets`` (V-trace targets) and
+``sample_fast.extensions`` (the V-trace kernels). See docs/learner.md for the objective and every config field.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import copy
 import functools
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -24,10 +23,15 @@ from torch import Tensor
 from sample_fast.losses import approx_kl, explained_variance, masked_mean, normalize_advantages, ppo_clip_loss
 from sample_fast.losses import value_loss as value_loss_fn
 from sample_fast.policy import ActorCritic
+from sample_fast.targets import Targets, VTraceFn, _torch_vtrace, compute_targets, default_vtrace_fn, final_table
+
+__all__ = [  # compute_targets and its pieces moved to sample_fast.targets; importing them from here still works
+    "Learner", "LearnerConfig", "LearnerConfigError", "ReturnScaler", "Targets", "VTraceFn", "_torch_vtrace",
+    "compute_targets", "default_vtrace_fn", "final_table",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
-VTraceFn = Callable[..., tuple[Tensor, Tensor]]
 #: The trajectory batch contract (docs/learner.md); ``policy_version`` is optional, ``values`` is never read.
 _REQUIRED_KEYS = (
     "obs", "actions", "behavior_logp", "rewards", "terminated", "truncated",
@@ -145,101 +149,6 @@ class LearnerConfig:
             from sample_fast.replay import ReplayConfig
 
             ReplayConfig.from_learner_config(self)
-
-
-class Targets(NamedTuple):
-    """Output of ``compute_targets``; every field is ``[T, B]`` float32."""
-
-    pg_advantages: Tensor  # V-trace policy-gradient advantages rho_t (r_t + gamma vs_{t+1} - V(x_t))
-    value_targets: Tensor  # V-trace targets vs_t
-    values: Tensor  # V(obs_t) under the current critic (the baseline; "old values" for value clipping)
-    target_logp: Tensor  # log pi(a_t | obs_t) under the current policy
-
-
-def _torch_vtrace(
-    behavior_logp, target_logp, rewards, values, bootstrap_value, terminated, truncated, *, gamma, lam=1.0,
-    rho_clip=1.0, c_clip=1.0, truncation_values=None, backend="auto",
-):  # fmt: skip
-    from sample_fast.extensions._reference import vtrace_reference
-
-    return vtrace_reference(
-        behavior_logp, target_logp, rewards, values, bootstrap_value, terminated, truncated, truncation_values,
-        gamma, lam, rho_clip, c_clip,
-    )  # fmt: skip
-
-
-def default_vtrace_fn() -> VTraceFn:
-    """``sample_fast.extensions.compute_vtrace`` (fast kernels); the torch reference loop if it does not import."""
-    try:
-        from sample_fast.extensions import compute_vtrace
-    except ImportError as e:
-        log.warning("sample_fast.extensions.compute_vtrace unavailable (%s); using the torch reference loop", e)
-        return _torch_vtrace
-    return compute_vtrace
-
-
-@torch.no_grad()
-def compute_targets(
-    policy: ActorCritic,
-    obs: Tensor,
-    actions: Tensor,
-    behavior_logp: Tensor,
-    rewards: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    final_obs: Tensor,
-    final_step_idx: Tensor,
-    final_env_idx: Tensor,
-    *,
-    gamma: float,
-    lam: float,
-    rho_clip: float,
-    c_clip: float,
-    vtrace_fn: VTraceFn | None = None,
-    backend: str = "auto",
-) -> Targets:
-    """V-trace targets for a time-major batch with the policy's CURRENT weights and observation statistics.
-
-    Args:
-        obs: ``[T + 1, B, *obs_shape]`` raw observations; row T is the observation after the last step.
-        actions: ``[T, B, *act_shape]``; behavior_logp, rewards: ``[T, B]`` float32 (rewards already scaled).
-        terminated, truncated: ``[T, B]`` bool, kept separate.
-        final_obs: ``[K, *obs_shape]`` the true final observation of each truncated, not terminated step, at
-            ``(final_step_idx[k], final_env_idx[k])`` (``[K]`` int64); exactly the valid rows (no padding).
-
-    Bootstrapping: terminated -> none; truncated -> V(final_obs); the last step of a column -> V(obs[T]), except
-    where that step truncated: obs[T] is then the reset observation of the next episode and the bootstrap is
-    V(final_obs) (never across an episode boundary). Only ``B + K`` rows go through the critic besides the T*B.
-    The V-trace inputs are float32 whatever autocast produced.
-    """
-    num_steps, num_envs = rewards.shape
-    flat = num_steps * num_envs
-    target_logp, _, values = policy.evaluate(
-        obs[:-1].reshape(flat, *obs.shape[2:]), actions.reshape(flat, *actions.shape[2:])
-    )
-    target_logp = target_logp.float().reshape(num_steps, num_envs)
-    values = values.float().reshape(num_steps, num_envs)
-
-    next_values = policy.value(torch.cat([obs[-1], final_obs.to(obs.dtype)], dim=0)).float()
-    truncation_values = torch.zeros_like(values)
-    truncation_values[final_step_idx, final_env_idx] = next_values[num_envs:]
-    # INVARIANT: a column whose last step truncated bootstraps from its true final obs, not from obs[T].
-    last_truncated = truncated[-1] & ~terminated[-1]
-    bootstrap_value = torch.where(last_truncated, truncation_values[-1], next_values[:num_envs])
-    truncation_values[-1] = bootstrap_value
-
-    fn = vtrace_fn if vtrace_fn is not None else default_vtrace_fn()
-    pg_advantages, value_targets = fn(
-        behavior_logp.float(), target_logp, rewards.float(), values, bootstrap_value, terminated, truncated,
-        gamma=gamma, lam=lam, rho_clip=rho_clip, c_clip=c_clip, truncation_values=truncation_values, backend=backend,
-    )  # fmt: skip
-    return Targets(pg_advantages.float(), value_targets.float(), values, target_logp)
-
-
-def final_table(data: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """The valid rows ``(final_obs [K, ...], final_step_idx [K], final_env_idx [K])`` of a batch's side table."""
-    count = int(data["final_count"])  # SYNC: one host read sizes the table
-    return data["final_obs"][:count], data["final_step_idx"][:count], data["final_env_idx"][:count]
 
 
 class _Prepared(NamedTuple):
@@ -607,22 +516,13 @@ class Learner:
         cfg = self.cfg
         with self._autocast():
             target_logp, entropy, values = self.policy.evaluate(obs, actions)
-        if weights is None:
-            policy_loss, clip_frac, _ = ppo_clip_loss(
-                target_logp, behavior_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip
-            )
-            v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask)
-            mean_entropy = masked_mean(entropy, mask)
-            kl = approx_kl(target_logp, behavior_logp, mask)
-        else:  # a batch with replayed segments: the same terms, each sample weighted (sample_fast.replay)
-            from sample_fast import replay as rp
-
-            policy_loss, clip_frac = rp.weighted_ppo_clip_loss(
-                target_logp, behavior_logp, advantages, cfg.clip_eps, weights, mask, dual_clip=cfg.dual_clip
-            )
-            v_loss = rp.weighted_value_loss(values, value_targets, weights, old_values, cfg.value_clip, mask)
-            mean_entropy = rp.weighted_mean(entropy, weights, mask)
-            kl = rp.weighted_approx_kl(target_logp, behavior_logp, weights, mask)
+        # weights: replay's IS weights (1 for fresh columns); None without replay, the plain means bit for bit.
+        policy_loss, clip_frac, _ = ppo_clip_loss(
+            target_logp, behavior_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip, weights=weights
+        )
+        v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask, weights=weights)
+        mean_entropy = masked_mean(entropy, mask, weights)
+        kl = approx_kl(target_logp, behavior_logp, mask, weights)
         loss = policy_loss + cfg.value_coef * v_loss - cfg.entropy_coef * mean_entropy
         if cfg.kl_coef:
             loss = loss + cfg.kl_coef * kl

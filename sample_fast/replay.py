@@ -2,10 +2,11 @@
 
 Owns the replay memory (a torchrl ``ReplayBuffer`` on a ``LazyTensorStorage`` on the learner's device, FIFO through
 torchrl's ``RoundRobinWriter``), the per-segment priorities and their sampler, the importance-sampling weights
-(Schaul et al. 2016, "Prioritized Experience Replay", ICLR), beta annealing, and the weighted loss pieces the
-learner uses when a batch carries replayed data. It never touches an env, a process or the ParamStore; the learner
-calls it (``Learner.replay``), so serial and async runs both get it. Off by default, and imported only when on
-(torchrl takes seconds to import). See docs/replay.md.
+(Schaul et al. 2016, "Prioritized Experience Replay", ICLR), beta annealing, and the join of replayed segments to
+a fresh batch (their IS weights then weight the learner's loss terms: the ``weights`` of ``sample_fast.losses``).
+It never touches an env, a process or the ParamStore; the learner calls it (``Learner.replay``), so serial and
+async runs both get it. Off by default, and imported only when on (torchrl takes seconds to import). See
+docs/replay.md.
 """
 
 from __future__ import annotations
@@ -410,57 +411,3 @@ def frozen_reward_scale(rewards: Tensor, scaler: Any, clip: float | None) -> Ten
     """
     scaled = rewards / math.sqrt(scaler.var + scaler.eps)
     return scaled.clamp(-clip, clip) if clip is not None else scaled
-
-
-# ----- weighted loss pieces -----------------------------------------------------------------------------------------
-# The learner's sample_fast.losses average with equal weights; a batch with replayed segments weights each sample by
-# its IS weight (1 for fresh samples). Same formulas, per-sample weights w: mean_i over the mask of w_i * l_i.
-
-
-def weighted_mean(x: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
-    """``sum(w x) / count`` over ``mask`` (``[N]`` each); masked-out entries may hold NaN. 0-dim tensor."""
-    wx = weights * x
-    if mask is None:
-        return wx.mean()
-    return torch.where(mask, wx, torch.zeros_like(wx)).sum() / mask.sum().clamp(min=1).to(x.dtype)
-
-
-def weighted_ppo_clip_loss(
-    target_logp: Tensor, behavior_logp: Tensor, advantages: Tensor, clip_eps: float, weights: Tensor,
-    mask: Tensor | None = None, dual_clip: float | None = None,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """``sample_fast.losses.ppo_clip_loss`` with per-sample weights ``[N]``: ``-mean(w * min(r A, clip(r) A))``.
-
-    Returns ``(loss, clip_frac)`` (clip_frac unweighted, as a diagnostic).
-    """
-    advantages = advantages.detach()
-    ratio = torch.exp(target_logp - behavior_logp)
-    objective = torch.minimum(ratio * advantages, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages)
-    if dual_clip is not None:
-        objective = torch.where(advantages < 0, torch.maximum(objective, dual_clip * advantages), objective)
-    loss = -weighted_mean(objective, weights.detach(), mask)
-    clipped = ((ratio - 1.0).abs() > clip_eps).to(ratio.dtype)
-    clip_frac = weighted_mean(clipped, torch.ones_like(clipped), mask)
-    return loss, clip_frac.detach()
-
-
-def weighted_value_loss(
-    values: Tensor, value_targets: Tensor, weights: Tensor, old_values: Tensor | None = None,
-    clip_eps: float | None = None, mask: Tensor | None = None,
-) -> Tensor:  # fmt: skip
-    """``sample_fast.losses.value_loss`` with per-sample weights: ``0.5 * mean(w * (V - vs)^2)`` (PPO2 clip opt.)."""
-    value_targets = value_targets.detach()
-    err = (values - value_targets).square()
-    if clip_eps is not None:
-        if old_values is None:
-            raise ValueError("weighted_value_loss: clip_eps needs old_values (the predictions the targets used)")
-        old_values = old_values.detach()
-        err = torch.maximum(err, (old_values + torch.clamp(values - old_values, -clip_eps, clip_eps) - value_targets)
-                            .square())  # fmt: skip
-    return 0.5 * weighted_mean(err, weights.detach(), mask)
-
-
-def weighted_approx_kl(target_logp: Tensor, behavior_logp: Tensor, weights: Tensor, mask: Tensor | None) -> Tensor:
-    """``sample_fast.losses.approx_kl`` (k3 estimator) with per-sample weights."""
-    log_ratio = target_logp - behavior_logp
-    return weighted_mean(torch.expm1(log_ratio) - log_ratio, weights.detach(), mask)

@@ -4,6 +4,7 @@ and a short learning test on the ``toy`` env (the evidence that the learner lear
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -436,6 +437,50 @@ def test_all_stale_batch_does_not_move_the_weights():
     assert all(torch.equal(a, b) for a, b in zip(before, params_of(policy), strict=True))
 
 
+def test_bf16_autocast_trains_with_float32_targets_on_the_cpu(monkeypatch):
+    # Learner._autocast turns bf16 on only on CUDA; forcing it on the CPU runs the same code paths (forward and
+    # backward under autocast, compute_targets under autocast) before any GPU run does.
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    twin = copy.deepcopy(policy)
+    batch = make_batch(policy, num_steps=16, num_envs=8, seed=3)
+    learners, recorded = {}, {"bf16": [], "fp32": []}
+    for name, net in (("bf16", policy), ("fp32", twin)):
+        learner = Learner(net, LearnerConfig(bf16=True, num_epochs=2))  # the default V-trace kernel checks dtypes
+        original = learner._targets
+
+        def spy(prep, original=original, out=recorded[name]):
+            out.append(original(prep))
+            return out[-1]
+
+        monkeypatch.setattr(learner, "_targets", spy)
+        learners[name] = learner
+    monkeypatch.setattr(learners["bf16"], "_autocast", lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    linear_dtypes = set()  # evidence that autocast really ran the layers in bf16
+    hooks = [m.register_forward_hook(lambda m, i, o: linear_dtypes.add(o.dtype)) for m in policy.modules()
+             if isinstance(m, torch.nn.Linear)]  # fmt: skip
+    before = params_of(policy)
+    metrics = {name: learner.train(batch.clone()) for name, learner in learners.items()}
+    for hook in hooks:
+        hook.remove()
+    assert linear_dtypes == {torch.bfloat16}
+    assert metrics["bf16"]["num_updates"] == 8 and metrics["bf16"]["nonfinite_skips"] == 0
+    assert all(math.isfinite(metrics["bf16"][k]) for k in ("policy_loss", "value_loss", "kl", "grad_norm"))
+    after = params_of(policy)
+    assert all(torch.isfinite(p).all() for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    # One recompute per epoch; the first targets of both learners come from the same weights and batch.
+    assert len(recorded["bf16"]) == len(recorded["fp32"]) == 2
+    bf16_targets, fp32_targets = recorded["bf16"][0], recorded["fp32"][0]
+    for field in ("pg_advantages", "value_targets", "values", "target_logp"):
+        got, want = getattr(bf16_targets, field), getattr(fp32_targets, field)
+        assert got.dtype == torch.float32, field
+        # bf16 keeps 8 significant bits (~3 decimal digits); through two hidden layers and the V-trace recursion
+        # the targets here differ from the float32 ones by at most ~0.007 (|targets| up to ~2.7): 0.05 is loose.
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05, msg=field)
+        assert not torch.equal(got, want), f"{field}: bit-identical, so autocast did not reach compute_targets"
+
+
 def test_state_dict_round_trip_continues_identically():
     torch.manual_seed(0)
     policy_a = ActorCritic(OBS, CONT, SMALL)
@@ -522,7 +567,8 @@ def deterministic_return(env, policy) -> float:
     return float(total.mean())
 
 
-@pytest.mark.timeout(120)
+# No time limit of its own: the project's 300 s timeout guards against hangs, and speed belongs in benchmarks/
+# (issue 13 item 4: on a loaded 2-core machine a wall-clock assertion fails for reasons unrelated to learning).
 @pytest.mark.parametrize("kind", ["continuous", "discrete"])
 def test_learns_toy_env(kind):
     # Random policies score 16 * (1 - 2/3) = 5.33 (continuous) and 16 / 4 = 4 (discrete) out of an optimal 16.
@@ -539,7 +585,6 @@ def test_learns_toy_env(kind):
     score = deterministic_return(env, policy)
     threshold = 14.0
     assert score > threshold, f"{kind}: deterministic return {score:.2f} after 40 iterations ({elapsed:.1f} s)"
-    assert elapsed < 60
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 """Prioritized trajectory replay (sample_fast.replay): sampling law, IS weights, priority updates, FIFO eviction,
-segment layout, age limit, beta annealing, weighted losses, and a learner step with replay on."""
+segment layout, age limit, beta annealing, and a learner step with replay on (the weighted loss terms:
+tests/test_losses.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,11 @@ import math
 import pytest
 import torch
 
-from sample_fast import losses
 from sample_fast.replay import (
     ReplayConfig,
     ReplayConfigError,
     TrajectoryReplay,
     segment_priorities,
-    weighted_approx_kl,
-    weighted_ppo_clip_loss,
-    weighted_value_loss,
 )
 
 T, B = 5, 8
@@ -204,33 +201,6 @@ def test_segment_priorities_hand_computed():
     assert segment_priorities(adv, adv, adv, 2).tolist() == [1.5, 1.5]
     vs, v = torch.ones(2, 4), torch.tensor([[0.0, 1.0, 3.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
     assert segment_priorities(adv, vs, v, 2, "value_error").tolist() == [0.25, 0.5]
-
-
-def test_weighted_losses_equal_unweighted_at_unit_weight_and_scale_per_sample():
-    gen = torch.Generator().manual_seed(0)
-    n = 64
-    target_logp = torch.randn(n, generator=gen, requires_grad=True)
-    behavior_logp, adv = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
-    values, vs, old_v = torch.randn(n, generator=gen), torch.randn(n, generator=gen), torch.randn(n, generator=gen)
-    mask = torch.rand(n, generator=gen) > 0.2
-    ones = torch.ones(n)
-    ref, ref_clip, _ = losses.ppo_clip_loss(target_logp, behavior_logp, adv, 0.2, mask, dual_clip=3.0)
-    got, got_clip = weighted_ppo_clip_loss(target_logp, behavior_logp, adv, 0.2, ones, mask, dual_clip=3.0)
-    torch.testing.assert_close(got, ref)
-    torch.testing.assert_close(got_clip, ref_clip)
-    torch.testing.assert_close(
-        weighted_value_loss(values, vs, ones, old_v, 0.3, mask), losses.value_loss(values, vs, old_v, 0.3, mask)
-    )
-    torch.testing.assert_close(
-        weighted_approx_kl(target_logp, behavior_logp, ones, mask), losses.approx_kl(target_logp, behavior_logp, mask)
-    )
-    # Zero weight on half the samples: their gradient is exactly zero, the others keep the unit-weight gradient.
-    weights = torch.where(torch.arange(n) < n // 2, 1.0, 0.0)
-    loss, _ = weighted_ppo_clip_loss(target_logp, behavior_logp, adv, 0.2, weights, None)
-    (grad,) = torch.autograd.grad(loss, target_logp)
-    (ref_grad,) = torch.autograd.grad(losses.ppo_clip_loss(target_logp, behavior_logp, adv, 0.2)[0], target_logp)
-    assert torch.all(grad[n // 2 :] == 0)
-    torch.testing.assert_close(grad[: n // 2], ref_grad[: n // 2])
 
 
 # ----- the learner with replay on ---------------------------------------------------------------------------------
