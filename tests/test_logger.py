@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from sample_fast.envs import Spec
-from tensordict import TensorDict
 
 from sample_fast.config import LogConfig
 from sample_fast.learner import Learner, LearnerConfig
@@ -20,22 +19,22 @@ def _learner_metrics() -> dict[str, float]:
     torch.manual_seed(0)
     policy = ActorCritic(OBS, ACT, PolicyConfig(hidden_sizes=[8]))
     learner = Learner(policy, LearnerConfig(num_epochs=1, num_minibatches=1))
-    obs = torch.randn(4, 3, 3)
-    actions, behavior_logp, values = policy.act(obs.reshape(-1, 3))
-    batch = TensorDict(
-        {
-            "obs": obs,
-            "actions": actions.reshape(4, 3, 2),
-            "behavior_logp": behavior_logp.reshape(4, 3),
-            "values": values.reshape(4, 3),
-            "rewards": torch.randn(4, 3),
-            "terminated": torch.zeros(4, 3, dtype=torch.bool),
-            "truncated": torch.zeros(4, 3, dtype=torch.bool),
-            "next_obs": torch.randn(4, 3, 3),
-            "policy_version": torch.zeros(4, 3, dtype=torch.int64),
-        },
-        batch_size=[4, 3],
-    )
+    obs = torch.randn(5, 3, 3)  # [T + 1, B, 3]: row T is the bootstrap observation (the slot layout)
+    actions, behavior_logp, _ = policy.act(obs[:-1].reshape(-1, 3))
+    batch = {
+        "obs": obs,
+        "actions": actions.reshape(4, 3, 2),
+        "behavior_logp": behavior_logp.reshape(4, 3),
+        "rewards": torch.randn(4, 3),
+        "terminated": torch.zeros(4, 3, dtype=torch.bool),
+        "truncated": torch.zeros(4, 3, dtype=torch.bool),
+        "policy_version": torch.zeros(4, 3, dtype=torch.int64),
+        # the side table of truncated steps' final observations: empty (nothing truncated)
+        "final_obs": torch.zeros(0, 3),
+        "final_step_idx": torch.zeros(0, dtype=torch.int64),
+        "final_env_idx": torch.zeros(0, dtype=torch.int64),
+        "final_count": torch.tensor(0),
+    }
     return learner.train(batch)
 
 
