@@ -356,6 +356,7 @@ class Contender:
     log_path: str
     make_reader: Callable[[], SFLogFollower | ProgressCsvReader]  #: called once the log file exists
     stop_signal: int | None  #: sent to the main process to stop it gracefully (None: kill the session at once)
+    label: str = ""  #: the name in progress lines (default ``<name>_seed<seed>``; solo runs are ``solo_<name>``)
 
 
 def race_one(
@@ -369,7 +370,7 @@ def race_one(
 ) -> RunResult:
     """Launch ``c``, follow its reports until the threshold, its exit or ``timeout_s``; stop it; return a RunResult."""
     result = RunResult(c.name, seed, c.command, tuple(round(x, 2) for x in os.getloadavg()))
-    label = run_name(c.name, seed)
+    label = c.label or run_name(c.name, seed)
     proc = None
     shm_before = shm_entries()
     with open(c.log_path, "wb") as log_file:
@@ -978,6 +979,7 @@ def run_and_keep(
         else:
             c = sf_contender(seed, args, work, log_path)
             keep = [os.path.join(work, f"race_ant_v4_seed{seed}", "config.json")]
+        c.label = name
         print(f"race: {name}: {shlex.join(c.command)}", flush=True)
         r = race_one(
             c,
