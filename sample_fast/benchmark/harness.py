@@ -34,6 +34,14 @@ from typing import Any, TypeVar
 
 from . import quiet as _quiet
 from .measure import summarize
+from .quiet import load_average
+
+__all__ = [
+    "PACKAGES", "Timed", "add_quiet_arguments", "check_quiet", "check_quiet_from_args", "cpu_model", "git_revision",
+    "interleave", "load_1min", "load_average", "machine_record", "median", "now_utc", "package_versions",
+    "paired_ratio", "quiet_line", "run_for", "share_at_least", "split_stem", "spread", "time_calls", "write_json",
+    "write_results", "write_text",
+]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -70,14 +78,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def load_average() -> list[float]:
-    """The 1/5/15-minute load averages, rounded; [] where the platform has none."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
 def load_1min() -> float | None:
