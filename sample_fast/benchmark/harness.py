@@ -34,14 +34,7 @@ from typing import Any, TypeVar
 
 from . import quiet as _quiet
 from .measure import summarize
-from .quiet import load_average
-
-__all__ = [
-    "PACKAGES", "Timed", "add_quiet_arguments", "check_quiet", "check_quiet_from_args", "cpu_model", "git_revision",
-    "interleave", "load_1min", "load_average", "machine_record", "median", "now_utc", "package_versions",
-    "paired_ratio", "quiet_line", "run_for", "share_at_least", "split_stem", "spread", "time_calls", "write_json",
-    "write_results", "write_text",
-]  # fmt: skip
+from .quiet import load_average  # re-exported: one copy, also used by quiet.sample_cpu
 
 T = TypeVar("T")
 
