@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from sample_fast.benchmark import harness
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 GAMMA, LAM = 0.99, 0.95
@@ -102,14 +102,11 @@ def time_interleaved(methods: dict[str, Callable[[], object]], rounds: int, sync
         fn()
         fn()
     sync()
-    samples: dict[str, list[float]] = {name: [] for name in methods}
-    for _ in range(rounds):
-        for name, fn in methods.items():
-            t0 = time.perf_counter()
-            fn()
-            sync()  # SYNC: include the device work in the wall time
-            samples[name].append(time.perf_counter() - t0)
-    return {name: {"median_s": statistics.median(s), "min_s": min(s), "rounds": len(s)} for name, s in samples.items()}
+    cases = {
+        name: lambda _r, fn=fn: harness.time_calls(lambda _k: fn(), 1, sync).wall_s for name, fn in methods.items()
+    }
+    samples = harness.interleave(cases, rounds)
+    return {name: {"median_s": harness.median(s), "min_s": min(s), "rounds": len(s)} for name, s in samples.items()}
 
 
 def jit_times(num_steps: int, num_envs: int) -> dict:
@@ -126,29 +123,13 @@ def jit_times(num_steps: int, num_envs: int) -> dict:
     return out
 
 
-def machine_info() -> dict:
-    import numba
-    import numpy
-    import torchrl
-
-    cpu_model = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu_model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    info = {
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numba": numba.__version__,
-        "numpy": numpy.__version__,
-        "torchrl": torchrl.__version__,
-        "loadavg_start": os.getloadavg()[0],
-    }
+def machine_info(quiet: dict) -> dict:
+    """The harness's machine record, plus this report's original keys: the versions it names at the top level,
+    ``loadavg_start`` and, with CUDA, the CUDA version (``loadavg_end`` is added after the run)."""
+    m = harness.machine_record(quiet)
+    info = {**m, **{pkg: m["packages"][pkg] for pkg in ("torch", "numba", "numpy", "torchrl")}}
+    info["loadavg_start"] = harness.load_1min()
     if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
         info["cuda"] = torch.version.cuda
     return info
 
@@ -285,8 +266,6 @@ def compiled_reference():
 
 
 def bench_cuda(args: argparse.Namespace) -> dict:
-    if not torch.cuda.is_available():
-        raise SystemExit("--device cuda needs a CUDA device, and torch.cuda.is_available() is False here")
     from sample_fast.extensions import compute_gae, compute_vtrace
     from torchrl.objectives.value.functional import (
         generalized_advantage_estimate,
@@ -372,6 +351,7 @@ def to_markdown(result: dict) -> str:
         + f"; torch {info['torch']}, numba {info['numba']}, torchrl {info['torchrl']}, numpy {info['numpy']}, "
         f"Python {info['python']}. Load average {info['loadavg_start']:.1f} at start, "
         f"{info['loadavg_end']:.1f} at end.",
+        *([harness.quiet_line(result["quiet"])] if result.get("quiet") else []),
         "",
         "| method | median ms | min ms | GB/s (median) | of copy (median) | GB/s (min) | of copy (min) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -417,22 +397,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-envs", type=int, default=None, help="default 8192 (cpu) / 65536 (cuda)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5 quick, 25 full)")
     parser.add_argument("--out", type=Path, default=None, help="output stem (default results/advantages[_cuda])")
+    harness.add_quiet_arguments(parser)
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (5 if args.quick else 25)
     if args.rounds < 5:
         parser.error("--rounds must be >= 5 (medians of fewer are noise)")
+    if args.device == "cuda" and not torch.cuda.is_available():  # before the quiet check and the record
+        raise SystemExit("--device cuda needs a CUDA device, and torch.cuda.is_available() is False here")
 
+    quiet = harness.check_quiet_from_args(args)
+    machine = machine_info(quiet)
     result = bench_cuda(args) if args.device == "cuda" else bench_cpu(args)
-    result["machine"] = machine_info()
-    result["machine"]["loadavg_end"] = os.getloadavg()[0]
+    result["machine"] = machine
+    result["machine"]["loadavg_end"] = harness.load_1min()
+    result["quiet"] = quiet
     result["quick"] = args.quick
     stem = args.out or RESULTS_DIR / ("advantages" if args.device == "cpu" else "advantages_cuda")
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     markdown = to_markdown(result)
-    stem.with_suffix(".md").write_text(markdown)
+    paths = harness.write_results(stem.parent, stem.with_suffix("").name, result, markdown)
     print(markdown)
-    print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.md')}")
+    print(f"wrote {paths['json']} and {paths['markdown']}")
     return 0
 
 

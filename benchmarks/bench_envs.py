@@ -24,13 +24,8 @@ and max over repeats, ratios, machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import statistics
-import time
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -38,6 +33,8 @@ import torch
 from sample_fast.envs import make
 from sample_fast.envs.physics import build_model
 from sample_fast.envs.tasks import TASKS, resolve_options
+
+from sample_fast.benchmark import harness
 
 NUM_ACTION_BATCHES = 16  # random action batches generated before timing and cycled through
 
@@ -163,11 +160,8 @@ class GymSync(Contender):
 
 def _time(c: Contender, n: int, num_steps: int) -> tuple[float, float]:
     """Agent steps per wall second, and this process's CPU time (all its threads) per agent step in µs."""
-    t0, c0 = time.perf_counter(), time.process_time()
-    for k in range(num_steps):
-        c.step(k)
-    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    return n * num_steps / wall_s, cpu_s / (n * num_steps) * 1e6
+    t = harness.time_calls(c.step, num_steps)
+    return n * num_steps / t.wall_s, t.cpu_s / (n * num_steps) * 1e6
 
 
 def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -185,34 +179,30 @@ def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
             contenders.append(mk())
         except Exception as e:  # a peer that does not install here is reported, not fatal
             print(f"  skipped a contender: {type(e).__name__}: {e}")
-    rates: dict[str, list[float]] = {c.name: [] for c in contenders}
-    cpu_us: dict[str, list[float]] = {c.name: [] for c in contenders}
     # Size each timed block to ~args.seconds at a nominal rate, per contender (slow ones get fewer steps).
     nominal = {"gym_sync": 5000.0}
+    steps = {c.name: max(3, int(args.seconds * nominal.get(c.name, 12000.0) / n)) for c in contenders}
     try:
         for c in contenders:  # warm-up (compilation, caches, thread start)
             for k in range(args.warmup_steps):
                 c.step(k)
-        for _ in range(args.repeats):
-            for c in contenders:  # PERF: round-robin so background load spreads over all contenders
-                num_steps = max(3, int(args.seconds * nominal.get(c.name, 12000.0) / n))
-                rate, cpu = _time(c, n, num_steps)
-                rates[c.name].append(rate)
-                cpu_us[c.name].append(cpu)
+        # PERF: round-robin so background load spreads over all contenders
+        timed = harness.interleave(
+            {c.name: lambda _r, c=c: _time(c, n, steps[c.name]) for c in contenders}, args.repeats
+        )
     finally:
         for c in contenders:
             c.close()
+    rates = {name: [rate for rate, _ in xs] for name, xs in timed.items()}
+    cpu_us = {name: [cpu for _, cpu in xs] for name, xs in timed.items()}
     out: dict[str, Any] = {"task": task, "num_envs": n, "frame_skip": contenders[0].frame_skip, "results": {}}
     for c in contenders:
-        r = rates[c.name]
+        stats = harness.spread(rates[c.name])  # median, min, max, quartiles, repeats
         out["results"][c.name] = {
-            "median": statistics.median(r),
-            "min": min(r),
-            "max": max(r),
-            "repeats": r,
-            "physics_steps_per_s": statistics.median(r) * c.frame_skip,
+            **stats,
+            "physics_steps_per_s": stats["median"] * c.frame_skip,
             # Load-robust efficiency: CPU time the contender's process spent per agent step (all threads).
-            "cpu_us_per_step": statistics.median(cpu_us[c.name]),
+            "cpu_us_per_step": harness.median(cpu_us[c.name]),
         }
     ours = out["results"][contenders[0].name]["median"]
     ours_cpu = out["results"][contenders[0].name]["cpu_us_per_step"]
@@ -225,48 +215,28 @@ def run_case(task: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     # Paired by round (each round times every contender back to back, so a load change hits a pair alike): the
     # median of the per-round ratios, and the share of rounds in which ours was at least 1.1x the peer.
     ours_r = rates[contenders[0].name]
-    out["paired_ratios"] = {f"ours/{name}": _paired_median(ours_r, rates[name]) for name in others}
-    out["rounds_at_1_1x"] = {
-        f"ours/{name}": sum(a >= 1.1 * b for a, b in zip(ours_r, rates[name], strict=True)) / len(ours_r)
-        for name in others
-    }
+    out["paired_ratios"] = {f"ours/{name}": harness.paired_ratio(ours_r, rates[name]) for name in others}
+    out["rounds_at_1_1x"] = {f"ours/{name}": harness.share_at_least(ours_r, rates[name], 1.1) for name in others}
     # The ceiling: raw stepping of the same model (no cfrc_ext, observation, reward or resets) against each EnvPool
     # mode (and against the same stepping with MuJoCo's default flags). Ours cannot beat a peer by more than this
     # without stepping MuJoCo faster than MuJoCo.
     if "rollout" in rates:
         out["ceiling"] = {
-            f"rollout/{name}": _paired_median(rates["rollout"], rates[name])
+            f"rollout/{name}": harness.paired_ratio(rates["rollout"], rates[name])
             for name in others
             if name.startswith("envpool") or name == "rollout_islands"
         }
     return out
 
 
-def _paired_median(a: list[float], b: list[float]) -> float:
-    """Median over rounds of ``a[k] / b[k]`` (both timed in round k)."""
-    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+#: Packages the Markdown names (the JSON's ``machine.packages`` has the harness's whole list).
+VERSIONS = ("mujoco", "gymnasium", "envpool", "numpy", "torch", "jax", "mujoco-mjx")
 
 
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = {}
-    for pkg in ("mujoco", "gymnasium", "envpool", "numpy", "torch", "jax", "mujoco-mjx"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "versions": versions,
-    }
+def machine_info(quiet: dict[str, Any]) -> dict[str, Any]:
+    """The harness's machine record, plus this report's original names: ``cpu``, ``cores``, ``versions``."""
+    m = harness.machine_record(quiet)
+    return {**m, "cpu": m["cpu_model"], "cores": m["cpu_count"], "versions": {k: m["packages"][k] for k in VERSIONS}}
 
 
 def to_markdown(report: dict[str, Any]) -> str:
@@ -280,6 +250,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
         "",
     ]
+    if report.get("quiet"):
+        lines += [harness.quiet_line(report["quiet"]), ""]
     for case in report["cases"]:
         lines += [
             f"## {case['task']}, {case['num_envs']} envs, frame_skip {case['frame_skip']}",
@@ -332,14 +304,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-gym", action="store_true", help="skip gymnasium SyncVectorEnv (slow)")
     p.add_argument("--out", default=None, help="output stem (default benchmarks/results/envs_<cpu|gpu>)")
     p.add_argument("--notes", default="", help="free text added to the markdown report")
+    harness.add_quiet_arguments(p)
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.seconds, args.warmup_steps = 1, 0.3, 5
+    quiet = harness.check_quiet_from_args(args)
     report: dict[str, Any] = {
         "backend": args.backend,
         "args": vars(args),
-        "machine": machine_info(),
-        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "machine": machine_info(quiet),
+        "quiet": quiet,
+        "load_before": harness.load_average(),
         "cases": [],
         "notes": args.notes,
     }
@@ -358,15 +333,11 @@ def main(argv: list[str] | None = None) -> None:
             if case.get("ceiling"):
                 print("  ceiling " + ", ".join(f"{k} = {v:.3f}" for k, v in case["ceiling"].items()))
             report["cases"].append(case)
-    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    report["load_after"] = harness.load_average()
     device = "gpu" if args.backend == "mjx" and torch.cuda.is_available() else "cpu"
     name = f"envs_{device}" if args.backend == "mujoco" else f"envs_{args.backend}_{device}"
     stem = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", name)
-    os.makedirs(os.path.dirname(stem), exist_ok=True)
-    with open(stem + ".json", "w") as f:
-        json.dump(report, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(to_markdown(report))
+    harness.write_results(*harness.split_stem(stem), report, to_markdown(report))
     print(f"wrote {stem}.json and {stem}.md (load average {report['load_before']} -> {report['load_after']})")
 
 

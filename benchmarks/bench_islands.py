@@ -13,15 +13,15 @@ Writes ``benchmarks/results/islands_cpu.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import time
 
 import mujoco
 import numpy as np
 from sample_fast.envs.physics import build_model
 from sample_fast.envs.tasks import TASKS, resolve_options
+
+from sample_fast.benchmark import harness
 
 ISLAND = int(mujoco.mjtDisableBit.mjDSBL_ISLAND)
 
@@ -38,15 +38,18 @@ def run(model: mujoco.MjModel, frame_skip: int, num_envs: int, num_steps: int, s
     rows[:, 1 : 1 + model.nq] += rng.uniform(-0.1, 0.1, (num_envs, model.nq))
     lo, hi = model.actuator_ctrlrange.T
     controls = rng.uniform(lo, hi, (num_steps, num_envs, model.nu))
-    t0 = time.thread_time()
-    for k in range(num_steps):
+
+    def agent_step(k: int) -> None:
         for i in range(num_envs):
             mujoco.mj_setState(model, d, rows[i], spec)
             d.ctrl[:] = controls[k, i]
             mujoco.mj_step(model, d, frame_skip)
             mujoco.mj_rnePostConstraint(model, d)
             mujoco.mj_getState(model, d, rows[i], spec)
-    return (time.thread_time() - t0) / (num_steps * num_envs) * 1e6, rows
+
+    # This thread's CPU clock: the physics cost, whatever else runs on the machine.
+    t = harness.time_calls(agent_step, num_steps, cpu_clock=time.thread_time)
+    return t.cpu_s / (num_steps * num_envs) * 1e6, rows
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -56,41 +59,49 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--num-envs", type=int, default=16)
     p.add_argument("--num-steps", type=int, default=100, help="agent steps per env per round")
     p.add_argument("--out", default=None, help="output stem (default benchmarks/results/islands_cpu)")
+    harness.add_quiet_arguments(p)
     args = p.parse_args(argv)
-    report = {"args": vars(args), "mujoco": mujoco.__version__, "load_before": os.getloadavg(), "tasks": {}}
+    quiet = harness.check_quiet_from_args(args)
+    report = {
+        "args": vars(args),
+        "mujoco": mujoco.__version__,
+        "machine": harness.machine_record(quiet),
+        "quiet": quiet,
+        "load_before": harness.load_average(),
+        "tasks": {},
+    }
     for name in args.envs:
         task = TASKS[name]
         skipped = build_model(task, resolve_options(task, {}, {}))
         default = build_model(task, resolve_options(task, {}, {}))
         default.opt.disableflags &= ~ISLAND
-        times: dict[str, list[float]] = {"skipped": [], "default": []}
-        identical = True
-        for r in range(args.rounds):
-            a, rows_a = run(skipped, task.frame_skip, args.num_envs, args.num_steps, seed=r)
-            b, rows_b = run(default, task.frame_skip, args.num_envs, args.num_steps, seed=r)
-            times["skipped"].append(a)
-            times["default"].append(b)
-            identical &= bool(np.array_equal(rows_a, rows_b))
+        runs = harness.interleave(  # round r: both models from the same states, with the same controls
+            {
+                "skipped": lambda r, m=skipped, fs=task.frame_skip: run(m, fs, args.num_envs, args.num_steps, seed=r),
+                "default": lambda r, m=default, fs=task.frame_skip: run(m, fs, args.num_envs, args.num_steps, seed=r),
+            },
+            args.rounds,
+        )
+        times = {case: [us for us, _ in xs] for case, xs in runs.items()}
+        identical = all(np.array_equal(a, b) for (_, a), (_, b) in zip(runs["skipped"], runs["default"], strict=True))
         row = {
-            "skipped_us": statistics.median(times["skipped"]),
-            "default_us": statistics.median(times["default"]),
-            "speedup": statistics.median(b / a for a, b in zip(times["skipped"], times["default"], strict=True)),
-            "bit_identical": identical,
+            "skipped_us": harness.median(times["skipped"]),
+            "default_us": harness.median(times["default"]),
+            "speedup": harness.paired_ratio(times["default"], times["skipped"]),
+            "bit_identical": bool(identical),
             "ntree": int(skipped.ntree),
         }
         report["tasks"][name] = row
         print(f"{name:>12}: {row['default_us']:.1f} -> {row['skipped_us']:.1f} µs per agent step "
               f"(x{row['speedup']:.3f}), bit-identical {identical}", flush=True)  # fmt: skip
-    report["load_after"] = os.getloadavg()
+    report["load_after"] = harness.load_average()
     stem = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "islands_cpu")
-    os.makedirs(os.path.dirname(stem), exist_ok=True)
-    with open(stem + ".json", "w") as f:
-        json.dump(report, f, indent=1)
     lines = [
         "# Island discovery: physics CPU per agent step, one thread",
         "",
         f"mujoco {report['mujoco']}; {args.num_envs} envs x {args.num_steps} agent steps per round, median of "
         f"{args.rounds} interleaved rounds; load average {report['load_before']} before, {report['load_after']} after.",
+        harness.quiet_line(quiet),
         "",
         "| task | MuJoCo default (discovery on), µs | build_model (off), µs | speed-up (paired) | bit-identical |",
         "|---|---|---|---|---|",
@@ -100,8 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"| {name} | {row['default_us']:.1f} | {row['skipped_us']:.1f} | {row['speedup']:.3f} | "
             f"{row['bit_identical']} |"
         )
-    with open(stem + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
+    harness.write_results(*harness.split_stem(stem), report, "\n".join(lines) + "\n")
     print(f"wrote {stem}.json and {stem}.md")
     return report
 

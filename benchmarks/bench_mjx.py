@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from typing import Any
+
+from sample_fast.benchmark import harness
 
 #: The two model option sets: gymnasium's Ant as is, and the MJX speed settings (feet-only contacts, 1 solver
 #: iteration, 4 line-search iterations; Brax's Ant uses the same kind of settings).
@@ -49,16 +50,15 @@ def run_case(
     actions = [(torch.rand(num_envs, nu, generator=gen) * 2 - 1).to(env.device) for _ in range(8)]
     for a in actions[:2]:  # warm-up: first dispatch, allocator
         env.step(a)
-    num_steps, t0 = 0, time.perf_counter()
-    done = 0
-    while True:
-        r = env.step(actions[num_steps % len(actions)])
-        num_steps += 1
-        if num_steps % 4 == 0:
-            done += int((r.terminated | r.truncated).sum())  # SYNC: tiny, every 4th step
-        elapsed = time.perf_counter() - t0
-        if elapsed >= seconds and num_steps >= 3:
-            break
+    done = [0]
+
+    def step(k: int) -> None:
+        r = env.step(actions[k % len(actions)])
+        if (k + 1) % 4 == 0:
+            done[0] += int((r.terminated | r.truncated).sum())  # SYNC: tiny, every 4th step
+
+    t = harness.run_for(step, seconds, min_calls=3)
+    num_steps, elapsed = t.calls, t.wall_s
     env.close()
     return {
         "backend": backend,
@@ -71,7 +71,7 @@ def run_case(
         "num_steps": num_steps,
         "compile_s": getattr(env, "compile_s", None),
         "build_s": build_s,
-        "episodes_ended_sampled": done,
+        "episodes_ended_sampled": done[0],
     }
 
 
@@ -86,16 +86,17 @@ def run_raw_mujoco(option_set: str, num_envs: int, seconds: float, task_name: st
     model, frame_skip = physics.build_model(task, opts), opts["frame_skip"]
     datas = [mujoco.MjData(model) for _ in range(num_envs)]
     rng = np.random.default_rng(0)
-    num_steps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds or num_steps < 3:
+
+    def step(_k: int) -> None:
         for d in datas:
             d.ctrl[:] = rng.uniform(-1, 1, model.nu)
             mujoco.mj_step(model, d, nstep=frame_skip)
             mujoco.mj_rnePostConstraint(model, d)
             if not np.isfinite(d.qvel).all():
                 mujoco.mj_resetData(model, d)
-        num_steps += 1
-    elapsed = time.perf_counter() - t0
+
+    t = harness.run_for(step, seconds, min_calls=3)
+    num_steps, elapsed = t.calls, t.wall_s
     return {
         "backend": "mujoco-raw",
         "task": task_name,
@@ -146,6 +147,7 @@ def to_markdown(result: dict) -> str:
         f"{result['when']}, {result['host']}; jax {result['versions'].get('jax')}, mujoco "
         f"{result['versions'].get('mujoco')}. Env steps/s (x frame_skip = physics), {result['seconds']} s per case; "
         "MuJoCo C measured in the same run on the same model options. Report, not a target.",
+        *([harness.quiet_line(result["quiet"])] if result.get("quiet") else []),
         "",
         "| option set | num_envs | MJX steps/s | compile s | MuJoCo C steps/s | MJX / C |",
         "|---|---:|---:|---:|---:|---:|",
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default benchmarks/results, or $OUT if set)")
     p.add_argument("--name", default=None, help="output file stem (default mjx_<device type>)")
     p.add_argument("--case", default=None, help=argparse.SUPPRESS)
+    harness.add_quiet_arguments(p)
     args = p.parse_args(argv)
 
     if args.case:  # child process: one case
@@ -211,22 +214,26 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown option set(s) {unknown}; choose from {sorted(OPTION_SETS)}")
     out_dir = args.out or os.environ.get("OUT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-    os.makedirs(out_dir, exist_ok=True)
     stem = args.name or ("mjx_gpu" if on_gpu else "mjx_cpu") + ("_quick" if args.quick else "")
 
-    import jax
-    import mujoco
-
     c_backend = mujoco_backend()
+    quiet = harness.check_quiet_from_args(args)
+    machine = harness.machine_record(quiet)
     result: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "host": f"{platform.node()} ({os.cpu_count()} CPUs)",
+        "host": f"{machine['hostname']} ({machine['cpu_count']} CPUs)",
         "device": args.device,
         "task": task,
         "seconds": seconds,
-        "versions": {"jax": jax.__version__, "mujoco": mujoco.__version__, "python": platform.python_version()},
+        "versions": {
+            "jax": machine["packages"]["jax"],
+            "mujoco": machine["packages"]["mujoco"],
+            "python": machine["python"],
+        },
         "c_backend": c_backend,
         "c_threads": "all cores (num_threads default)" if c_backend == "mujoco" else "1 thread",
+        "machine": machine,
+        "quiet": quiet,
         "rows": [],
     }
     for option_set in sets:
@@ -239,10 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
             # Written after every case so a run killed by an outer timeout still leaves its results.
-            with open(os.path.join(out_dir, stem + ".json"), "w") as f:
-                json.dump(result, f, indent=1)
-            with open(os.path.join(out_dir, stem + ".md"), "w") as f:
-                f.write(to_markdown(result))
+            harness.write_results(out_dir, stem, result, to_markdown(result))
     print(to_markdown(result))
     failed = [r for r in result["rows"] if "error" in r]
     return 1 if failed and args.quick else 0

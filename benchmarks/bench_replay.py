@@ -21,28 +21,21 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
-import platform
 import statistics
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
+from sample_fast.benchmark import harness
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _timeit(fn, repeats: int, inner: int) -> float:
-    """Median over ``repeats`` of the mean µs per call over ``inner`` calls."""
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter() - start) / inner * 1e6)
-    return statistics.median(samples)
+def _us_per_call(fn, inner: int) -> float:
+    """Mean µs per call over ``inner`` back-to-back calls of ``fn(k)``."""
+    return harness.time_calls(fn, inner).wall_s / inner * 1e6
 
 
 def throughput(args: argparse.Namespace) -> dict:
@@ -52,6 +45,8 @@ def throughput(args: argparse.Namespace) -> dict:
     from sample_fast.replay import ReplayConfig, SegmentPrioritySampler, TrajectoryReplay
 
     torch.set_num_threads(1)
+    quiet = harness.check_quiet_from_args(args)
+    machine = harness.machine_record(quiet)
     rows = []
     # --- sampler alone: index draw + priority update over a table of `capacity` segments -------------------------
     for capacity in args.capacities:
@@ -74,28 +69,25 @@ def throughput(args: argparse.Namespace) -> dict:
         num = args.draws
         new_prio = torch.rand(num) + 0.1
 
-        def ours_step(rb=ours, new_prio=new_prio, num=num):
+        def ours_step(_k, rb=ours, new_prio=new_prio, num=num):
             index = rb.sampler.sample(rb.storage, num)[0]
             rb.sampler.update_priority(index, new_prio)
 
-        def uniform_step(rb=uniform, num=num):
+        def uniform_step(_k, rb=uniform, num=num):
             rb.sampler.sample(rb.storage, num)
 
-        def prio_step(rb=torchrl_prio, new_prio=new_prio, num=num):
+        def prio_step(_k, rb=torchrl_prio, new_prio=new_prio, num=num):
             index = rb.sampler.sample(rb.storage, num)[0]
             rb.sampler.update_priority(index, new_prio)
 
         cases = {"sampler/ours": ours_step, "sampler/torchrl_uniform": uniform_step}
         if torchrl_prio is not None:
             cases["sampler/torchrl_prioritized"] = prio_step
-        times: dict[str, list[float]] = defaultdict(list)
-        for _ in range(args.repeats):  # interleaved: load changes hit every case alike
-            for name, fn in cases.items():
-                times[name].append(_timeit(fn, 1, args.inner))
+        # interleaved: load changes hit every case alike
+        timed = {n: lambda _r, fn=fn: _us_per_call(fn, args.inner) for n, fn in cases.items()}
+        times = harness.interleave(timed, args.repeats)
         for name in cases:
-            rows.append(
-                {"case": name, "capacity": capacity, "draws": num, "us_per_call": statistics.median(times[name])}
-            )
+            rows.append({"case": name, "capacity": capacity, "draws": num, "us_per_call": harness.median(times[name])})
         if prio_error is not None:
             rows.append({"case": "sampler/torchrl_prioritized", "capacity": capacity, "draws": num,
                          "us_per_call": None, "error": prio_error})  # fmt: skip
@@ -137,44 +129,41 @@ def throughput(args: argparse.Namespace) -> dict:
     prio = torch.rand(num_segments)
     fresh_prio = torch.rand(num_envs // b)
 
-    def ours_sample():
+    def ours_sample(_k):
         sample = replay.sample(num_segments, learner_version=0, beta=0.5)
         replay.update_priorities(sample.index, prio)
 
-    def raw_sample():
+    def raw_sample(_k):
         raw.sample(num_segments)
 
     cases = {
         "segments/ours_sample+update": ours_sample,
         "segments/torchrl_sample": raw_sample,
-        "segments/ours_add": lambda: replay.add(batch, fresh_prio),
-        "segments/torchrl_extend": lambda: raw.extend(segments),
+        "segments/ours_add": lambda _k: replay.add(batch, fresh_prio),
+        "segments/torchrl_extend": lambda _k: raw.extend(segments),
     }
-    times = defaultdict(list)
-    for _ in range(args.repeats):
-        for name, fn in cases.items():
-            times[name].append(_timeit(fn, 1, max(1, args.inner // 10)))
+    inner = max(1, args.inner // 10)
+    times = harness.interleave({n: lambda _r, fn=fn: _us_per_call(fn, inner) for n, fn in cases.items()}, args.repeats)
     for name in cases:
         rows.append({"case": name, "capacity": capacity, "draws": num_segments,
-                     "us_per_call": statistics.median(times[name])})  # fmt: skip
+                     "us_per_call": harness.median(times[name])})  # fmt: skip
 
     meta = {
         "what": "replay sampler/update throughput, interleaved repeats in one process, torch 1 thread",
         "segment": {"T": num_steps, "b": b, "obs_dim": obs_dim, "act_dim": act_dim, "fresh_B": num_envs},
         "repeats": args.repeats, "inner": args.inner, "torch": torch.__version__,
-        "python": platform.python_version(), "loadavg_at_end": open("/proc/loadavg").read().split()[:3],
+        "python": machine["python"], "loadavg_at_end": [f"{x:.2f}" for x in harness.load_average()],
+        "machine": machine, "quiet": quiet,
     }  # fmt: skip
     out = {"meta": meta, "rows": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "replay_throughput.json").write_text(json.dumps(out, indent=2))
     lines = ["# Replay sampler/update throughput (CPU, 1 torch thread, shared 2-core machine)", "",
              f"load average at the end: {' '.join(meta['loadavg_at_end'])}; median of {args.repeats} interleaved "
-             "repeats.", "", "| case | capacity (segments) | draws/call | µs per call |",
+             "repeats.", harness.quiet_line(quiet), "", "| case | capacity (segments) | draws/call | µs per call |",
              "| --- | --- | --- | --- |"]  # fmt: skip
     for row in rows:
         value = f"{row['us_per_call']:.1f}" if row["us_per_call"] is not None else f"unavailable ({row['error']})"
         lines.append(f"| {row['case']} | {row['capacity']} | {row['draws']} | {value} |")
-    (RESULTS / "replay_throughput.md").write_text("\n".join(lines) + "\n")
+    harness.write_results(RESULTS, "replay_throughput", out, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return out
 
@@ -228,9 +217,8 @@ def curves(args: argparse.Namespace) -> dict:
             "env_steps_median": statistics.median(steps), "wall_s_median": statistics.median(walls),
             "env_steps_per_s_median": statistics.median(fps),
         })  # fmt: skip
-    RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"meta": {"runs": str(args.runs), "note": args.note}, "summary": summary}
-    (RESULTS / "replay_curves.json").write_text(json.dumps(out, indent=2))
+    RESULTS.mkdir(parents=True, exist_ok=True)
     with (RESULTS / "replay_curves.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(flat_rows[0]) if flat_rows else ["env"])
         writer.writeheader()
@@ -246,7 +234,7 @@ def curves(args: argparse.Namespace) -> dict:
                      f"{s['final_return_median']:.0f} | ({s['equal_steps_mark'] / 1e3:.0f}k) {at_mark} | "
                      f"{s['return_at_mark_median']:.0f} | {s['env_steps_median']:.0f} | {s['wall_s_median']:.0f} | "
                      f"{s['env_steps_per_s_median']:.0f} |")  # fmt: skip
-    (RESULTS / "replay_curves.md").write_text("\n".join(lines) + "\n")
+    harness.write_results(RESULTS, "replay_curves", out, "\n".join(lines) + "\n")
     print("\n".join(lines))
     _plot(runs)
     return out
@@ -293,6 +281,7 @@ def main() -> None:
     p.add_argument("--obs-dim", type=int, default=105, help="Ant-v5's observation size")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--inner", type=int, default=200)
+    harness.add_quiet_arguments(p)
     c = sub.add_parser("curves")
     c.add_argument("--runs", required=True)
     c.add_argument("--note", default="")

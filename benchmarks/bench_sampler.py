@@ -17,16 +17,15 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import platform
-import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from sample_fast.envs import make
 
+from sample_fast.benchmark import harness
 from sample_fast.learner import Learner, LearnerConfig
 from sample_fast.policy import ActorCritic, PolicyConfig
 from sample_fast.procs import CTRL_SAMPLER_STEPS, cpu_seconds, rss_bytes
@@ -61,20 +60,21 @@ def bench_env_only(args, seconds: float) -> tuple[float, float]:
         actions = [(torch.rand((env.num_envs, *spec.shape), generator=gen) * 2 - 1).to(env.device) for _ in range(8)]
         for i in range(20):  # warm-up
             env.step(actions[i % 8])
-        n, t0, c0 = 0, time.perf_counter(), time.process_time()
-        while time.perf_counter() - t0 < seconds:
-            env.step(actions[n % 8])
-            n += 1
-        _sync(env.device)
-        steps = n * env.num_envs
-        return steps / (time.perf_counter() - t0), steps / max(time.process_time() - c0, 1e-9)
+        t = harness.run_for(lambda n: env.step(actions[n % 8]), seconds, sync=_sync(env.device))
+        return _rates(t, env.num_envs)
     finally:
         env.close()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # SYNC: timing boundary
+def _sync(device: torch.device) -> Callable[[], None] | None:
+    """The timing boundary's device wait (None on the CPU: nothing is queued)."""
+    return functools.partial(torch.cuda.synchronize, device) if device.type == "cuda" else None  # SYNC: boundary
+
+
+def _rates(t: harness.Timed, num_envs: int) -> tuple[float, float]:
+    """(steps per wall second, steps per CPU second) of ``t.calls`` passes over ``num_envs`` envs."""
+    steps = t.calls * num_envs
+    return steps / t.wall_s, steps / max(t.cpu_s, 1e-9)
 
 
 def bench_sampler(args, seconds: float) -> tuple[float, float]:
@@ -104,17 +104,13 @@ def bench_sampler(args, seconds: float) -> tuple[float, float]:
             while (slot_idx := store.acquire_ready(0.0)) is not None:
                 store.release(slot_idx)
 
-        for _ in range(20):
+        def one_pass(_k: int) -> None:
             sampler.advance(0.0)
             drain()
-        passes, t0, c0 = 0, time.perf_counter(), time.process_time()
-        while time.perf_counter() - t0 < seconds:
-            sampler.advance(0.0)
-            drain()
-            passes += 1
-        _sync(envs[0].device)
-        steps = passes * args.num_envs
-        return steps / (time.perf_counter() - t0), steps / max(time.process_time() - c0, 1e-9)
+
+        for k in range(20):  # warm-up
+            one_pass(k)
+        return _rates(harness.run_for(one_pass, seconds, sync=_sync(envs[0].device)), args.num_envs)
     finally:
         torch.set_num_threads(prev)
         sampler.close()
@@ -211,14 +207,7 @@ def slope_mb_per_min(samples: list[dict], key: str, skip_s: float) -> float:
     return 60.0 * sum((t - mt) * (v - mv) for t, v in pts) / max(var, 1e-9)
 
 
-def _merge_json(path: Path, update: dict) -> None:
-    """Write ``update``'s keys into the JSON object at ``path``, keeping the other keys (e.g. an earlier soak)."""
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.update(update)
-    path.write_text(json.dumps(data, indent=1))
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="ant")
     p.add_argument("--backend", default="mujoco")
@@ -236,7 +225,8 @@ def main() -> None:
     p.add_argument("--soak-minutes", type=float, default=0.0, help="run only the memory soak, for this long")
     p.add_argument("--skip-async", action="store_true")
     p.add_argument("--out", default=None, help="results basename (default: benchmarks/results/sampler_<device>)")
-    args = p.parse_args()
+    harness.add_quiet_arguments(p)
+    args = p.parse_args(argv)
     if args.device.startswith("cuda"):
         if not torch.cuda.is_available():
             sys.exit(
@@ -249,23 +239,27 @@ def main() -> None:
         sys.exit(f"--num-envs {args.num_envs} must be divisible by --num-splits {args.num_splits}")
     torch.set_num_threads(max(1, args.learner_threads))
     base = Path(args.out) if args.out else RESULTS / f"sampler_{args.device.split(':')[0]}"
+    json_path = base.with_suffix(".json")  # one JSON per device; each configuration (or the soak) is one key
+    quiet = harness.check_quiet_from_args(args)
+    machine = harness.machine_record(quiet)
     meta = {
         "args": vars(args),
-        "host": platform.node(),
-        "cpus": os.cpu_count(),
+        "host": machine["hostname"],
+        "cpus": machine["cpu_count"],
         "torch": torch.__version__,
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
-        "loadavg_start": os.getloadavg(),
+        "loadavg_start": harness.load_average(),
+        "machine": machine,
+        "quiet": quiet,
     }
 
     if args.soak_minutes > 0:
         res = bench_async(args, args.soak_minutes * 60.0, sample_every_s=10.0)
         res["main_rss_slope_mb_per_min"] = slope_mb_per_min(res["samples"], "main_rss_mb", skip_s=60.0)
         res["sampler_rss_slope_mb_per_min"] = slope_mb_per_min(res["samples"], "sampler_rss_mb", skip_s=60.0)
-        meta["loadavg_end"] = os.getloadavg()
+        meta["loadavg_end"] = harness.load_average()
         res["meta"] = meta
-        path = base.with_suffix(".json")
-        _merge_json(path, {"soak": res})
+        path = harness.write_results(json_path.parent, json_path.stem, {"soak": res}, merge=True)["json"]
         print(json.dumps({k: v for k, v in res.items() if k != "samples"}, indent=1))
         for x in res["samples"]:
             print(
@@ -287,22 +281,23 @@ def main() -> None:
                 "env_only_per_cpu_s": env_only_cpu,
                 "sampler_per_cpu_s": sampler_cpu,
                 "cpu_ratio": sampler_cpu / env_only_cpu,
-                "loadavg": os.getloadavg()[0],
+                "loadavg": harness.load_1min(),
             }
         )
         print(
             f"round {r}: env-only {env_only:8.0f}/s ({env_only_cpu:6.0f}/cpu-s)  sampler+inference {sampler:8.0f}/s "
             f"({sampler_cpu:6.0f}/cpu-s)  ratio {sampler / env_only:.3f} (cpu {sampler_cpu / env_only_cpu:.3f}) "
-            f"load {os.getloadavg()[0]:.1f}",
+            f"load {rounds[-1]['loadavg']}",
             flush=True,
         )
     result = {
         "meta": meta,
         "rounds": rounds,
-        "env_only_median": statistics.median(x["env_only"] for x in rounds),
-        "sampler_median": statistics.median(x["sampler"] for x in rounds),
-        "ratio_median": statistics.median(x["ratio"] for x in rounds),
-        "cpu_ratio_median": statistics.median(x["cpu_ratio"] for x in rounds),
+        "env_only_median": harness.median([x["env_only"] for x in rounds]),
+        "sampler_median": harness.median([x["sampler"] for x in rounds]),
+        # per-round ratios: env-only and sampler ran back to back in each round
+        "ratio_median": harness.paired_ratio([x["sampler"] for x in rounds], [x["env_only"] for x in rounds]),
+        "cpu_ratio_median": harness.median([x["cpu_ratio"] for x in rounds]),
     }
     if not args.skip_async:
         a = bench_async(args, args.async_seconds, sample_every_s=2.0)
@@ -313,9 +308,10 @@ def main() -> None:
             f"main {a['main_cpu_frac']:.2f} cores, sampler {a['sampler_cpu_frac']:.2f} cores",
             flush=True,
         )
-    result["meta"]["loadavg_end"] = os.getloadavg()
-    _merge_json(base.with_suffix(".json"), {f"{args.env}_{args.backend}_num_envs_{args.num_envs}": result})
-    print(f"ratio (median of {args.rounds} rounds): {result['ratio_median']:.3f}; wrote {base.with_suffix('.json')}")
+    result["meta"]["loadavg_end"] = harness.load_average()
+    key = f"{args.env}_{args.backend}_num_envs_{args.num_envs}"
+    harness.write_results(json_path.parent, json_path.stem, {key: result}, merge=True)
+    print(f"ratio (median of {args.rounds} rounds): {result['ratio_median']:.3f}; wrote {json_path}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from sample_fast.envs import Spec
 
+from sample_fast.benchmark import harness
 from sample_fast.trajectory_store import TrajectoryStore
 
 
@@ -95,7 +96,7 @@ def main() -> None:
         )
     text = "\n".join(lines) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    harness.write_text(args.out, text)  # counted, not timed: no quiet check or machine record to keep
     print(text)
 
 

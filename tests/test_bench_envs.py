@@ -31,7 +31,11 @@ def test_bench_envs_quick_run_writes_consistent_ratios(tmp_path, monkeypatch, lo
     assert ceiling["rollout/envpool_sync"] == pytest.approx(
         results["rollout"]["median"] / results["envpool_sync"]["median"]
     )
+    # the harness's records, with the report's original machine names kept
+    assert report["quiet"]["window_s"] == 1.0 and "busy_fraction" in report["quiet"]
+    assert report["machine"]["cpu"] == report["machine"]["cpu_model"] and report["machine"]["versions"]["mujoco"]
     text = stem.with_suffix(".md").read_text()
+    assert "Quiet check before measuring" in text
     assert "Paired by round" in text and "Ceiling" in text and "| rollout_islands |" in text
 
 

@@ -305,7 +305,9 @@ def test_tiny_suite_writes_json_markdown_png(tmp_path):
     for key in ("cpu_model", "cpu_count", "packages", "hostname"):
         assert key in data["machine"]
     assert data["machine"]["packages"]["torch"]
+    assert data["machine"]["git_commit"] == data["machine"]["git_revision"]  # the harness's record, old name kept
     assert len(data["load"]["before"]) == 3
+    assert data["quiet"]["max_busy"] == 0.1 and data["machine"]["cpu_busy_fraction"] == data["quiet"]["busy_fraction"]
     measured = {(r["stage"], r["name"], r["env"], r["num_envs"]) for r in data["results"]}
     expected = {
         ("env", "mujoco_rollout", "ant", 4),
@@ -327,6 +329,7 @@ def test_tiny_suite_writes_json_markdown_png(tmp_path):
         else:
             assert r["ratio_to_limit"] is None
     md = (tmp_path / "tiny.md").read_text().splitlines()
+    assert sum(line.startswith("Quiet check before measuring: CPU busy") for line in md) == 1
     cut = md.index("Share of env-only throughput (same backend, env and num_envs, this run):")
     rows = [line for line in md[:cut] if line.startswith("| ") and not line.startswith("| stage")]
     assert len(rows) == len(expected)

@@ -100,6 +100,11 @@ class BenchmarkConfig:
     #: Base name of the three output files.
     out_name: str = "results"
     progress: bool = True  #: rich progress bar (off in tests)
+    #: Before measuring the CPUs are sampled (harness.check_quiet: a warning when busy, the JSON's ``quiet``);
+    #: wait_quiet first waits, up to quiet_timeout_s, for a window at most max_busy busy.
+    wait_quiet: bool = False
+    max_busy: float = 0.10  #: non-idle share of all CPUs above which the machine counts as busy
+    quiet_timeout_s: float = 300.0
     title: str = "sample_fast benchmark"
 
 

@@ -92,11 +92,15 @@ def sample_cpu(window_s: float = 3.0, min_share: float = 0.05, exclude: set[int]
         if share >= min_share:
             procs.append(BusyProcess(pid, name, round(share, 3), cmdline(pid)))
     procs.sort(key=lambda p: -p.cpu_share)
+    return CpuSample(window_s, round(busy, 4), load_average(), procs)
+
+
+def load_average() -> list[float]:
+    """The 1/5/15-minute load averages, rounded; [] where the platform has none."""
     try:
-        load = [round(x, 2) for x in os.getloadavg()]
+        return [round(x, 2) for x in os.getloadavg()]
     except OSError:
-        load = []
-    return CpuSample(window_s, round(busy, 4), load, procs)
+        return []
 
 
 @dataclass

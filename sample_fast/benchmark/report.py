@@ -1,39 +1,20 @@
-"""Report writing: machine information, ratios to the physical limit and the best peer, JSON, Markdown and PNG.
+"""The suite's report: machine information, ratios to the physical limit and the best peer, Markdown and PNG.
 
-Owns the result schema (``SCHEMA_VERSION``) and the three files a run leaves in ``out_dir``. Ratios are computed
-here, after every case has run, so each figure is compared with peers measured in the same run.
+Owns the result schema (``SCHEMA_VERSION``) and the content of the three files a run leaves in ``out_dir`` (the
+harness writes them). Ratios are computed here, after every case has run, so each figure is compared with peers
+measured in the same run.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import importlib.metadata
-import json
-import os
-import platform
-import socket
-import subprocess
 from typing import Any
 
+from . import harness
 from .measure import format_rate
 
 SCHEMA_VERSION = 1
 #: The peer whose best figure (over num_envs) is the physical limit of an env.
 LIMIT_PEER = "mujoco_rollout"
-PACKAGES = (
-    "torch",
-    "numpy",
-    "mujoco",
-    "mujoco-mjx",
-    "jax",
-    "jaxlib",
-    "envpool",
-    "gymnasium",
-    "torchrl",
-    "tensordict",
-    "hydra-core",
-    "sample_fast",
-)
 RESULT_FIELDS = (
     "stage",
     "kind",
@@ -52,76 +33,11 @@ RESULT_FIELDS = (
 
 
 # ----- machine ----------------------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def load_average() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU model, core counts, memory, GPU, Python and package versions, git commit."""
-    versions = {}
-    for pkg in PACKAGES:
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
-    mem_gib = None
-    try:
-        with open("/proc/meminfo") as f:
-            mem_gib = round(int(f.readline().split()[1]) / 2**20, 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    gpu = None
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            gpu = torch.cuda.get_device_name(0)
-    except Exception:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {
-        "hostname": socket.gethostname(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpu_usable": usable,
-        "memory_gib": mem_gib,
-        "gpu": gpu,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "packages": versions,
-        "git_commit": _git_commit(),
-    }
+def machine_info(quiet_record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``harness.machine_record`` plus ``git_commit``, the name this schema gave the revision before the harness."""
+    machine = harness.machine_record(quiet_record)
+    machine["git_commit"] = machine["git_revision"]
+    return machine
 
 
 # ----- ratios -----------------------------------------------------------------------------------------------------
@@ -183,19 +99,7 @@ def add_ratios(results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str,
     return limits, peers
 
 
-# ----- files ------------------------------------------------------------------------------------------------------
-def now_utc() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def write_json(report: dict[str, Any], path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=False, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
+# ----- Markdown and PNG -------------------------------------------------------------------------------------------
 def _ratio(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}×"
 
@@ -226,6 +130,7 @@ def markdown(report: dict[str, Any]) -> str:
             else ""
         )
         + ".",
+        *([harness.quiet_line(report["quiet"])] if report.get("quiet") else []),
         f"Each figure: median of {t['repeats']} window(s) of {t['seconds_per_repeat']:g} s after a "
         f"{t['warmup_s']:g} s warm-up"
         + (f", in each of {t['rounds']} rounds over the whole plan" if t.get("rounds", 1) > 1 else "")
@@ -256,11 +161,6 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "Skipped:", ""]
         lines += [f"- {s['what']}: {s['reason']}" for s in report["skipped"]]
     return "\n".join(lines) + "\n"
-
-
-def write_markdown(report: dict[str, Any], path: str) -> None:
-    with open(path, "w") as f:
-        f.write(markdown(report))
 
 
 def write_plot(report: dict[str, Any], path: str) -> None:

@@ -14,9 +14,11 @@ import traceback
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from . import harness
 from . import report as rep
 from .config import STAGES, BenchmarkConfig, num_threads, resolve
 from .measure import CaseResult, Skip, format_rate, run_isolated, summarize
@@ -138,8 +140,14 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
     cfg = resolve(cfg)
     console = console or Console(soft_wrap=True)
     t_start = time.monotonic()
-    load_before = rep.load_average()
-    machine = rep.machine_info()
+    quiet = harness.check_quiet(
+        cfg.wait_quiet,
+        cfg.max_busy,
+        timeout_s=cfg.quiet_timeout_s,
+        log=lambda m: console.print(f"[yellow]{escape(m)}[/]"),
+    )
+    load_before = harness.load_average()
+    machine = rep.machine_info(quiet)
     cases, skipped = plan(cfg)
     for s in skipped:
         console.print(f"[yellow]skip[/] {s['what']}: {s['reason']}")
@@ -177,7 +185,7 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
                     log_skip(case, unavailable[key])
                     progress.advance(task)
                     continue
-                load_1min = (rep.load_average() or [None])[0]
+                load_1min = harness.load_1min()
                 try:
                     if _isolated(case, cfg):
                         res = run_isolated(run_case, (case, cfg), cfg.measure_timeout_s + 60.0)
@@ -214,12 +222,12 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
                 break
     results = [_result_dict(case, merged[case], loads[case], cfg) for case in cases if case in merged]
     limits, peers = rep.add_ratios(results)
-    load_after = rep.load_average()
+    load_after = harness.load_average()
     usable = machine["cpu_usable"] or 1
     report = {
         "schema_version": rep.SCHEMA_VERSION,
         "title": cfg.title,
-        "created_utc": rep.now_utc(),
+        "created_utc": harness.now_utc(),
         "wall_s": round(time.monotonic() - t_start, 2),
         "machine": machine,
         "load": {
@@ -228,6 +236,7 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
             "busy": bool(load_before and load_before[0] > 0.5 * usable),
             "note": "1/5/15-min load averages; 'before' is other processes' load, as the suite had not started",
         },
+        "quiet": quiet,
         "timing": {
             "rounds": cfg.rounds,
             "repeats": cfg.repeats,
@@ -279,8 +288,7 @@ def write_report(report: dict[str, Any], out_dir: str, out_name: str = "results"
         "markdown": os.path.join(out_dir, f"{out_name}.md"),
         "png": os.path.join(out_dir, f"{out_name}.png"),
     }
-    report["files"] = paths
-    rep.write_json(report, paths["json"])
-    rep.write_markdown(report, paths["markdown"])
+    report["files"] = paths  # before writing: the JSON names its siblings
+    harness.write_results(out_dir, out_name, report, rep.markdown(report))
     rep.write_plot(report, paths["png"])
     return paths
