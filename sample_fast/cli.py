@@ -221,35 +221,43 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     stopper = train_mod.StopOnSignals().install()  # from now on a signal is a stop request, never a traceback
     try:
-        try:
-            preflight(argv)
-        except ConfigError as e:
-            say(f"config error: {e}")
-            sys.exit(EXIT_CONFIG)
-        if stopper.received:
-            _stopped_before_start(stopper)
-        started = []
-
-        import hydra
-
-        @hydra.main(version_base="1.3", config_path=train_mod.CONFIG_PATH, config_name=train_mod.CONFIG_NAME)
-        def _job(cfg: DictConfig) -> None:
-            started.append(True)
-            # Hydra's logging config is disabled (configs/train.yaml); warnings (a skipped corrupt checkpoint, a
-            # failed save) go to stderr in this plain format, one line each.
-            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-            status = run_job(cfg, stopper, train_mod)
-            if status != EXIT_DONE:  # a clean job returns: a multirun sweep goes on to the next one
-                sys.exit(status)
-
-        try:
-            _job()
-        except SystemExit as e:
-            if e.code == 1 and not started:  # Hydra's own report of a composition error (multirun, --cfg ...)
-                sys.exit(EXIT_CONFIG)
-            raise
+        _main(argv, stopper, train_mod, logging)
+    except KeyboardInterrupt:  # a second Ctrl-C before the run started (in the run, run_job answers it)
+        say("interrupted (second Ctrl-C) before training started: nothing was started or written")
+        sys.exit(exit_status_for_signal("SIGINT"))
     finally:
         stopper.uninstall()
+
+
+def _main(argv: list[str], stopper: Any, train_mod: Any, logging: Any) -> None:
+    """Preflight, then Hydra's main with the job (``main``'s body; it maps the outcome to an exit status)."""
+    try:
+        preflight(argv)
+    except ConfigError as e:
+        say(f"config error: {e}")
+        sys.exit(EXIT_CONFIG)
+    if stopper.received:
+        _stopped_before_start(stopper)
+    started = []
+
+    import hydra
+
+    @hydra.main(version_base="1.3", config_path=train_mod.CONFIG_PATH, config_name=train_mod.CONFIG_NAME)
+    def _job(cfg: DictConfig) -> None:
+        started.append(True)
+        # Hydra's logging config is disabled (configs/train.yaml); warnings (a skipped corrupt checkpoint, a
+        # failed save) go to stderr in this plain format, one line each.
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        status = run_job(cfg, stopper, train_mod)
+        if status != EXIT_DONE:  # a clean job returns: a multirun sweep goes on to the next one
+            sys.exit(status)
+
+    try:
+        _job()
+    except SystemExit as e:
+        if e.code == 1 and not started:  # Hydra's own report of a composition error (multirun, --cfg ...)
+            sys.exit(EXIT_CONFIG)
+        raise
 
 
 def run_job(cfg: DictConfig, stopper: Any, train_mod: Any) -> int:

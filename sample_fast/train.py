@@ -265,6 +265,8 @@ class TrainHooks:
                 )
         else:
             self.final_saved = True
+            if self.last_saved_path is None:  # nothing saved in this start: the state is the resumed checkpoint
+                self.last_saved_path = str(self.ckpt.checkpoints()[-1])
         self.logger.close(env_steps)
         if self.stopper is not None:
             self.stopper.interruptible = False  # what is left is the bounded shutdown: a Ctrl-C must not cut it
