@@ -37,7 +37,7 @@ BASE_COLUMNS = (
     "num_updates",
 )
 #: Values that persist between rows (the latest measurement), written in every row from the first on so that the CSV
-#: header (fixed by the first row) has them: seconds the last checkpoint save took.
+#: header (fixed by the first row) has them: seconds the last checkpoint save took (0 before the first).
 GAUGES = ("checkpoint_s",)
 CSV_NAME = "progress.csv"
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class ProgressLogger:
         self._num_episodes = 0
         self._num_updates = 0
         self._updates_here = 0  # this process's updates (FPS is measured from its first)
-        self._gauges: dict[str, float] = dict.fromkeys(GAUGES, math.nan)
+        self._gauges: dict[str, float] = dict.fromkeys(GAUGES, 0.0)  # 0 until measured (no empty CSV cells)
         self._failed: set[str] = set()  # sinks whose last write failed (warned once per failure streak)
         if start_state:
             self._num_episodes = int(start_state.get("num_episodes", 0))
