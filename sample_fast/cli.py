@@ -220,6 +220,9 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     stopper = train_mod.StopOnSignals().install()  # from now on a signal is a stop request, never a traceback
+    early = getattr(sys.modules.get("__main__"), "EARLY_SIGNALS", None)  # noted while train.py imported torch
+    if early and not stopper.received:
+        stopper.received.append(signal.Signals(early[0]).name)
     try:
         _main(argv, stopper, train_mod, logging)
     except KeyboardInterrupt:  # a second Ctrl-C before the run started (in the run, run_job answers it)

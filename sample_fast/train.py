@@ -13,9 +13,11 @@ from __future__ import annotations
 import signal
 
 if __name__ == "__main__":  # python -m sample_fast.train: until cli.main installs its handlers (after the imports
-    # below, 1-3 s), a Ctrl-C ends the process quietly (128 + SIGINT), as SIGTERM and SIGHUP already do: nothing has
-    # been started or written yet, and a KeyboardInterrupt traceback from inside `import torch` helps nobody.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # below, 1-3 s), a stop signal is only noted here; cli.main then exits at once with 128 + its number ("received
+    # before training started"), rather than a KeyboardInterrupt traceback from inside `import torch`.
+    EARLY_SIGNALS: list[int] = []
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
 
 import dataclasses
 import datetime
