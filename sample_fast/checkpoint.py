@@ -9,11 +9,13 @@ What goes in the state (policy, learner, counters, RNG states, config) is the tr
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import logging
 import os
 import re
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -49,20 +51,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint_file(path: Path, payload: bytes) -> None:
-    """Atomically write ``payload`` with the checksummed header to ``path`` (tmp file + fsync + os.replace)."""
+def write_checkpoint_file(path: Path, payload: bytes, inject_error: OSError | None = None) -> None:
+    """Atomically write ``payload`` with the checksummed header to ``path`` (tmp file + fsync + os.replace).
+
+    On any failure the temporary file is removed (a removal that fails too, as on a read-only file system, is left
+    to the next save's cleanup of stale temporary files: ``CheckpointManager._prune``) and the error propagates;
+    ``path`` is untouched. ``inject_error``: raised after half the payload is written (``debug.inject``)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             f.write(MAGIC)
             f.write(_HEADER.pack(hashlib.sha256(payload).digest(), len(payload)))
+            if inject_error is not None:
+                f.write(payload[: len(payload) // 2])
+                raise inject_error
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
         raise
     _fsync_dir(path.parent)
 
@@ -129,11 +141,16 @@ class CheckpointManager:
         return self._best_metric
 
     # ----- save -----------------------------------------------------------------------------------------------
-    def save(self, state: dict[str, Any], env_steps: int, metric: float | None = None) -> Path:
+    def save(
+        self, state: dict[str, Any], env_steps: int, metric: float | None = None, inject_error: OSError | None = None
+    ) -> Path:
         """Write ``state`` as ``ckpt_<env_steps>.pt``; also as ``best.pt`` if ``metric`` beats the best so far.
 
-        Atomic: on any failure (serialisation error, full disk, crash) existing checkpoints are untouched.
-        Pruning to ``keep_last`` happens only after the new file is in place.
+        Atomic: on any failure (serialisation error, full disk, read-only file system, crash) existing checkpoints
+        are untouched and no temporary file is left. A file system error raises OSError naming the path (its
+        ``filename``); so does too little free space, checked before writing (``shutil.disk_usage``, a statvfs: the
+        size is known exactly, the payload being serialised in memory first). Pruning to ``keep_last`` happens only
+        after the new file is in place. ``inject_error``: see ``write_checkpoint_file``.
         """
         if env_steps < 0:
             raise ValueError(f"env_steps must be >= 0, got {env_steps}")
@@ -142,13 +159,29 @@ class CheckpointManager:
         torch.save({"meta": meta, "state": state}, buffer)  # fails here -> nothing on disk changed
         payload = buffer.getvalue()
         path = self.dir / f"ckpt_{int(env_steps):012d}.pt"
-        write_checkpoint_file(path, payload)
         best = self.best_metric
-        if metric is not None and metric == metric and (best is None or metric > best):
+        new_best = metric is not None and metric == metric and (best is None or metric > best)
+        self._check_free_space(path, len(payload) * (2 if new_best else 1))
+        write_checkpoint_file(path, payload, inject_error=inject_error)
+        if new_best:
             write_checkpoint_file(self.best_path, payload)
             self._best_metric = float(metric)
         self._prune()
         return path
+
+    def _check_free_space(self, path: Path, size: int) -> None:
+        try:
+            free = shutil.disk_usage(self.dir).free
+        except OSError:
+            return  # not measurable here: the write itself will tell
+        need = size + (64 << 10)  # and 64 KiB to spare for the header, the directory entry and the logs
+        if free < need:
+            raise OSError(
+                errno.ENOSPC,
+                f"{os.strerror(errno.ENOSPC)} (checked before writing: {free / 2**20:.1f} MiB free, the checkpoint "
+                f"needs {need / 2**20:.1f} MiB)",
+                str(path),
+            )
 
     def _prune(self) -> None:
         for old in self.checkpoints()[: -self.keep_last]:
@@ -156,10 +189,13 @@ class CheckpointManager:
                 old.unlink()
             except OSError as e:
                 log.warning("checkpoint: could not delete old checkpoint %s: %s", old, e)
-        for tmp in self.dir.glob(".*.tmp-*"):  # leftovers of crashed saves by dead processes
+        for tmp in self.dir.glob(".*.tmp-*"):  # leftovers of crashed saves, and of failed ones whose cleanup failed
             pid = tmp.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                tmp.unlink(missing_ok=True)
+            if pid.isdigit() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:
+                    pass
 
     # ----- load -----------------------------------------------------------------------------------------------
     def _load(self, path: Path) -> dict[str, Any] | None:
@@ -176,6 +212,63 @@ class CheckpointManager:
             state = self._load(path)
             if state is not None:
                 return state, path
+        return None
+
+    def corrupt_files(self) -> list[Path]:
+        """Files renamed aside as unreadable (``*.corrupt``, see ``load_resume``)."""
+        return sorted(p for p in self.dir.iterdir() if ".corrupt" in p.name)
+
+    def quarantine(self, path: Path, why: Exception) -> Path | None:
+        """Rename an unreadable checkpoint to ``<name>.corrupt`` (``.corrupt-1``, ... if taken), with a warning, so
+        it neither occupies one of the kept slots nor is tried again. Returns the new path (None if the rename
+        failed: a read-only folder; then it is only skipped)."""
+        dest = path.with_name(path.name + ".corrupt")
+        i = 1
+        while dest.exists():
+            dest = path.with_name(f"{path.name}.corrupt-{i}")
+            i += 1
+        try:
+            os.replace(path, dest)
+        except OSError as e:
+            log.warning(
+                "checkpoint: %s is unreadable (%s) and could not be renamed aside (%s); skipping it", path, why, e
+            )
+            return None
+        log.warning("checkpoint: %s is unreadable (%s); renamed it to %s and skipped it", path, why, dest.name)
+        return dest
+
+    def _read_or_quarantine(self, path: Path) -> dict[str, Any] | None:
+        try:
+            return read_checkpoint_file(path, self.map_location)
+        except CheckpointError as e:  # truncated, corrupted, foreign: it will never read
+            self.quarantine(path, e)
+        except Exception as e:  # I/O trouble, an unpicklable payload: leave the file, skip it
+            log.warning("checkpoint: skipping unreadable checkpoint %s: %s", path, e)
+        return None
+
+    def load_resume(self) -> tuple[dict[str, Any], Path] | None:
+        """The newest intact state to resume from, ``best.pt`` included, as ``(state, path)``; None when there is
+        none. Newest = the most env steps; a regular checkpoint wins a tie (the same state). Unreadable files are
+        renamed aside (``quarantine``). Writes nothing else."""
+        best_steps, best = -1, None
+        if self.best_path.exists():
+            best = self._read_or_quarantine(self.best_path)
+            if best is not None:
+                best_steps = int(best["meta"]["env_steps"])
+            else:
+                self._best_loaded, self._best_metric = True, None  # the next save with a metric writes a new one
+        for path in reversed(self.checkpoints()):
+            if int(_NAME_RE.match(path.name).group(1)) < best_steps:
+                break
+            data = self._read_or_quarantine(path)
+            if data is not None:
+                return data["state"], path
+        if best is not None:
+            log.warning(
+                "checkpoint: resuming from %s (env step %d): no intact regular checkpoint is as recent",
+                self.best_path, best_steps,
+            )  # fmt: skip
+            return best["state"], self.best_path
         return None
 
     def load_best(self) -> tuple[dict[str, Any], Path] | None:

@@ -29,6 +29,7 @@ __all__ = [
     "EnvConfig",
     "RunConfig",
     "LogConfig",
+    "DebugConfig",
     "TrainConfig",
     "resolve",
     "to_train_config",
@@ -75,6 +76,10 @@ class RunConfig:
     device: str = "auto"  #: learner/policy device: auto (cuda when available), cpu, cuda[:i]
     checkpoint_interval_s: float = 300.0  #: seconds between checkpoints (one is always written at the end)
     keep_checkpoints: int = 3  #: newest checkpoints kept (the best one is kept besides)
+    #: checkpoint saves that may fail in a row (read-only or full disk) before the run stops with exit status 1
+    max_save_failures: int = 3
+    #: learner rollbacks (after repeated non-finite losses) this run may take before it stops with exit status 1
+    max_rollbacks: int = 5
 
 
 @dataclass
@@ -90,6 +95,15 @@ class LogConfig:
 
 
 @dataclass
+class DebugConfig:
+    """Fault injection, to rehearse recovery in a real run (docs/training.md, "Rehearsing faults"). Off by default."""
+
+    #: comma-separated faults, each <fault>@<counter>:<n>, e.g. nonfinite_loss@update:20 or save_error@save:1;
+    #: empty: none (an unknown fault or counter is a config error)
+    inject: str = ""
+
+
+@dataclass
 class TrainConfig:
     """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, logging."""
 
@@ -101,6 +115,7 @@ class TrainConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     run: RunConfig = field(default_factory=RunConfig)
     logging: LogConfig = field(default_factory=LogConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
 
 def register_configs() -> None:

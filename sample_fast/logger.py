@@ -4,16 +4,20 @@ Owns everything the trainer writes for humans in the run directory except checkp
 the runner hooks in the main (learner) process: ``add_episodes`` with finished episodes, ``add_train`` with the
 learner's metrics; it writes one row every ``LogConfig.interval_s`` seconds. On resume the CSV continues: rows past
 the checkpoint's env step are dropped (they were logged after the state that is being resumed) and TensorBoard
-purges them too.
+purges them too; the counters (episodes, updates) and the return window continue from the checkpoint
+(``state_dict``). Logs never stop training: a sink that fails (full disk, read-only file system) is reported in one
+warning line; the CSV is retried with the next row, TensorBoard is switched off for the rest of the run.
 """
 
 from __future__ import annotations
 
 import collections
 import csv
+import logging
 import math
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -32,7 +36,11 @@ BASE_COLUMNS = (
     "num_episodes",
     "num_updates",
 )
+#: Values that persist between rows (the latest measurement), written in every row from the first on so that the CSV
+#: header (fixed by the first row) has them: seconds the last checkpoint save took (0 before the first).
+GAUGES = ("checkpoint_s",)
 CSV_NAME = "progress.csv"
+log = logging.getLogger(__name__)
 PLOT_NAME = "learning_curve.png"
 
 
@@ -72,6 +80,7 @@ class ProgressLogger:
         cfg: the logging section.
         total_env_steps: the run's target, for the progress bar.
         start_env_steps, start_wall_s: counters to continue from on resume (0 for a fresh run).
+        start_state: ``state_dict()`` of the run being resumed (episode and update counts, the return window).
     """
 
     def __init__(
@@ -81,6 +90,7 @@ class ProgressLogger:
         total_env_steps: int,
         start_env_steps: int = 0,
         start_wall_s: float = 0.0,
+        start_state: dict[str, Any] | None = None,
     ):
         self.run_dir, self.cfg, self.total_env_steps = run_dir, cfg, total_env_steps
         self.start_wall_s = start_wall_s
@@ -89,6 +99,14 @@ class ProgressLogger:
         self._lengths: collections.deque[float] = collections.deque(maxlen=cfg.return_window)
         self._num_episodes = 0
         self._num_updates = 0
+        self._updates_here = 0  # this process's updates (FPS is measured from its first)
+        self._gauges: dict[str, float] = dict.fromkeys(GAUGES, 0.0)  # 0 until measured (no empty CSV cells)
+        self._failed: set[str] = set()  # sinks whose last write failed (warned once per failure streak)
+        if start_state:
+            self._num_episodes = int(start_state.get("num_episodes", 0))
+            self._num_updates = int(start_state.get("num_updates", 0))
+            self._returns.extend(start_state.get("returns", []))
+            self._lengths.extend(start_state.get("lengths", []))
         self._metric_sums: dict[str, float] = {}
         self._metric_counts: dict[str, int] = {}
         self._last_row_t = self._t0
@@ -100,13 +118,11 @@ class ProgressLogger:
         self._closed = False
 
         if cfg.csv:
-            self._truncate_csv(start_env_steps)
+            self._guard("csv", self._truncate_csv, start_env_steps)
         self._tb = None
+        self._old_excepthook = None
         if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # purge_step drops events logged after the checkpoint we resume from
-            self._tb = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=start_env_steps or None)
+            self._guard("tensorboard", self._open_tb, start_env_steps)
         mode = cfg.progress
         if mode == "auto":
             mode = "rich" if sys.stdout.isatty() else "plain"
@@ -126,11 +142,12 @@ class ProgressLogger:
 
     def add_train(self, env_steps: int, metrics: dict[str, float]) -> None:
         """One learner update's scalar metrics; writes a row when ``interval_s`` has passed."""
-        if self._num_updates == 0:
+        if self._updates_here == 0:
             # FPS is measured from the first update on: start-up (process spawn, env build, JIT) is not throughput
             self._last_row_t, self._last_row_steps = time.monotonic(), env_steps
         self.env_steps = env_steps
         self._num_updates += 1
+        self._updates_here += 1
         for k, v in metrics.items():
             try:
                 v = float(v)
@@ -152,6 +169,73 @@ class ProgressLogger:
     def episode_return_mean(self) -> float:
         return sum(self._returns) / len(self._returns) if self._returns else math.nan
 
+    def set_gauge(self, name: str, value: float) -> None:
+        """A value reported in every row from now on (one of GAUGES), e.g. ``checkpoint_s``."""
+        self._gauges[name] = float(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps so that a resumed run's counters continue (``start_state``)."""
+        return {
+            "num_episodes": self._num_episodes,
+            "num_updates": self._num_updates,
+            "returns": list(self._returns),
+            "lengths": list(self._lengths),
+        }
+
+    # ----- sinks that never stop training -------------------------------------------------------------------
+    def _guard(self, sink: str, fn, *args: Any) -> Any:
+        """Run one sink's write; on failure warn once (until it works again) and return None."""
+        try:
+            out = fn(*args)
+        except Exception as e:  # OSError mostly (full disk, read-only), whatever a library wraps it in
+            if sink not in self._failed:
+                self._failed.add(sink)
+                where = {"csv": self.csv_path, "tensorboard": os.path.join(self.run_dir, "tb")}.get(sink, self.run_dir)
+                then = {
+                    "csv": "retrying with the next row",
+                    "tensorboard": "TensorBoard logging is off for the rest of this run",
+                }.get(sink, "going on without it")
+                log.warning("logging: could not write %s (%s: %s); %s; training goes on", where,
+                            type(e).__name__, e, then)  # fmt: skip
+            if sink == "tensorboard":
+                self._close_tb()
+            return None
+        if sink in self._failed and sink != "tensorboard":
+            self._failed.discard(sink)
+            log.warning("logging: %s is written again", sink)
+        return out
+
+    def _open_tb(self, start_env_steps: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops events at steps >= it: those logged after the checkpoint we resume from. The checkpoint's
+        # own step (the previous run's last row) is kept: + 1.
+        self._tb = SummaryWriter(
+            os.path.join(self.run_dir, "tb"), purge_step=start_env_steps + 1 if start_env_steps else None
+        )
+        # TensorBoard writes from a thread that, when a write fails, re-raises there (a traceback on stderr) and
+        # then in the next add_scalar/flush here, where _guard reports it once: keep the thread's traceback quiet.
+        self._old_excepthook = threading.excepthook
+        threading.excepthook = _quiet_tensorboard_thread(self._old_excepthook)
+
+    def _write_tb(self, row: dict[str, float]) -> None:
+        step = int(row["env_steps"])
+        for k, v in row.items():
+            if k != "env_steps" and not math.isnan(v):
+                group = "charts" if k in BASE_COLUMNS else "learner"
+                self._tb.add_scalar(f"{group}/{k}", v, step)
+        self._tb.flush()
+
+    def _close_tb(self) -> None:
+        tb, self._tb = self._tb, None
+        if tb is not None:
+            try:
+                tb.close()
+            except Exception:  # already reported by _guard; a second failure is not news
+                pass
+        if self._old_excepthook is not None:
+            threading.excepthook, self._old_excepthook = self._old_excepthook, None
+
     # ----- outputs ------------------------------------------------------------------------------------------
     def write_row(self, env_steps: int) -> dict[str, float]:
         """Average what arrived since the last row and write it to every sink. Returns the row."""
@@ -167,6 +251,7 @@ class ProgressLogger:
             "num_episodes": float(self._num_episodes),
             "num_updates": float(self._num_updates),
         }
+        row.update(self._gauges)
         for k in sorted(self._metric_sums):
             if k not in row:
                 row[k] = self._metric_sums[k] / self._metric_counts[k]
@@ -175,31 +260,32 @@ class ProgressLogger:
         self._last_row_t, self._last_row_steps = now, env_steps
         self.last_row = row
         if self.cfg.csv:
-            self._write_csv(row)
+            self._guard("csv", self._write_csv, row)
         if self._tb is not None:
-            step = int(env_steps)
-            for k, v in row.items():
-                if k != "env_steps" and not math.isnan(v):
-                    group = "charts" if k in BASE_COLUMNS else "learner"
-                    self._tb.add_scalar(f"{group}/{k}", v, step)
-            self._tb.flush()
+            self._guard("tensorboard", self._write_tb, row)
         self._print_row(row)
         return row
 
-    def close(self, env_steps: int | None = None) -> None:
-        """Write a last row, close the sinks and draw ``learning_curve.png``."""
+    def close(self, env_steps: int | None = None, plot: bool = True) -> None:
+        """Write a last row, close the sinks and draw ``learning_curve.png`` (unless ``plot`` is False)."""
         if self._closed:
             return
         self._closed = True
-        if env_steps is not None and (env_steps != self._last_row_steps or not self.last_row):
-            self.write_row(env_steps)
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-        if self._tb is not None:
-            self._tb.close()
-        if self.cfg.plot and self.cfg.csv:
-            plot_learning_curve(self.csv_path, os.path.join(self.run_dir, PLOT_NAME))
+        try:
+            if env_steps is not None and (env_steps != self._last_row_steps or not self.last_row):
+                self.write_row(env_steps)
+        finally:
+            if self._live is not None:
+                try:
+                    self._live.stop()
+                except OSError:
+                    pass
+                self._live = None
+            if self._tb is not None:
+                self._guard("tensorboard", self._tb.close)
+                self._close_tb()
+        if plot and self.cfg.plot and self.cfg.csv and "csv" not in self._failed:
+            self._guard("plot", plot_learning_curve, self.csv_path, os.path.join(self.run_dir, PLOT_NAME))
 
     # ----- CSV ----------------------------------------------------------------------------------------------
     def _truncate_csv(self, start_env_steps: int) -> None:
@@ -223,14 +309,14 @@ class ProgressLogger:
 
     def _write_csv(self, row: dict[str, float]) -> None:
         new = self._csv_columns is None
-        if new:
-            # the header is fixed by the first row; metrics that appear later go to TensorBoard only
-            self._csv_columns = list(row)
+        # the header is fixed by the first row; metrics that appear later go to TensorBoard only
+        columns = list(row) if new else self._csv_columns
         with open(self.csv_path, "a" if not new else "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self._csv_columns, extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             if new:
                 writer.writeheader()
             writer.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
+        self._csv_columns = columns  # only once the header is on disk: a failed first write is retried whole
 
     # ----- terminal -----------------------------------------------------------------------------------------
     def _summary(self, row: dict[str, float]) -> str:
@@ -251,11 +337,14 @@ class ProgressLogger:
         if self.mode == "off":
             return
         text = self._summary(row)
-        if self._live is not None:
-            self._live.console.print(text, highlight=False)
-            self._update_rich(int(row["env_steps"]), row)
-        else:
-            print(text, flush=True)
+        try:
+            if self._live is not None:
+                self._live.console.print(text, highlight=False)
+                self._update_rich(int(row["env_steps"]), row)
+            else:
+                print(text, flush=True)
+        except (OSError, ValueError):  # the terminal is gone (SIGHUP) or the pipe closed: the files still get it
+            pass
 
     def _start_rich(self, start_env_steps: int) -> None:
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -276,6 +365,15 @@ class ProgressLogger:
         short = f"fps {_fmt(row['fps'])}  return {_fmt(row['episode_return_mean'])}" if row is not None else None
         fields = {"stats": short} if short is not None else {}
         self._live.update(self._task, completed=min(env_steps, self.total_env_steps), **fields)
+
+
+def _quiet_tensorboard_thread(previous):
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread":  # tensorboard.summary.writer.event_file_writer
+            return
+        previous(args)
+
+    return hook
 
 
 def plot_learning_curve(csv_path: str, png_path: str) -> str | None:

@@ -6,12 +6,15 @@ sampler's child-process entry point, and by ``benchmarks/bench_sampler.py`` to r
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
 import signal
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -83,11 +86,111 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
         pass
 
 
-def register_stack_dump(path: str | None, sig: int = signal.SIGUSR1) -> object | None:
-    """On ``sig``, write every thread's Python stack to ``path`` (or stderr). Returns the open file to keep alive."""
+#: The signals that ask a run to stop. Only the main (learner) process acts on them; the processes it starts (the
+#: sampler, multiprocessing's resource tracker, a forkserver) must survive them, so that the runner can save a final
+#: checkpoint and then stop them itself: ``kill -TERM -- -PGID``, a closed terminal (SIGHUP) and Ctrl-C reach every
+#: process of the group at once.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Block STOP_SIGNALS in this thread while a child process is started, so the child is born with them blocked.
+
+    A spawned (fork + exec) child inherits the signal mask, so a group signal that arrives while it is still
+    importing (before its entry point can ignore the signals) stays pending instead of killing it; the child then
+    ignores the signals and unblocks them (``ignore_stop_signals``). Signals that arrive here meanwhile are delivered
+    to this process when the block ends (or to another of its threads at once): none is lost."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def ignore_stop_signals() -> None:
+    """In a child process: ignore STOP_SIGNALS (the parent stops us through shared state), then unblock them (a
+    pending one is discarded: the parent got it too)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (if not yet running) with STOP_SIGNALS blocked.
+
+    The tracker unlinks the POSIX semaphores (and shared memory) of processes that die without cleaning up. CPython
+    starts it with SIGINT and SIGTERM ignored, but not SIGHUP, so a hang-up of the terminal's process group killed it
+    together with the run and its semaphores leaked in /dev/shm. Started here first, it inherits the block (its own
+    start-up only unblocks SIGINT and SIGTERM), so SIGHUP stays blocked in it for good."""
+    from multiprocessing import resource_tracker
+
+    with stop_signals_blocked():
+        resource_tracker.ensure_running()
+
+
+class StackDumpFile:
+    """An anonymous (already unlinked) temporary file a child process writes its stack dump into.
+
+    Nothing of it is left on disk whatever happens to either process (kill -9 included): the file has no name once
+    created, and its inode goes away with the last descriptor. The child gets a duplicate of the descriptor
+    (``child_handle()``, picklable through multiprocessing's fd passing, as a Connection is); the parent reads what
+    the child wrote with ``read()``."""
+
+    def __init__(self) -> None:
+        fd, path = tempfile.mkstemp(prefix="sample_fast_stacks_", suffix=".txt")
+        os.unlink(path)
+        self.fd: int | None = fd
+
+    def child_handle(self) -> _InheritedFd:
+        assert self.fd is not None, "StackDumpFile is closed"
+        return _InheritedFd(self.fd)
+
+    def read(self, limit: int = 20000) -> str:
+        if self.fd is None:
+            return ""
+        try:
+            size = os.fstat(self.fd).st_size
+            return os.pread(self.fd, limit, max(0, size - limit)).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _InheritedFd:
+    """A file descriptor that crosses to a spawned/forkserver child as a duplicate (``multiprocessing.reduction.DupFd``,
+    the mechanism behind pickled Connections); unpickled, it is the child's own fd number (an int)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return _detach_fd, (reduction.DupFd(self.fd),)
+
+
+def _detach_fd(dup) -> int:
+    return dup.detach()
+
+
+def register_stack_dump(target: str | int | None, sig: int = signal.SIGUSR1) -> object | None:
+    """On ``sig``, write every thread's Python stack to ``target``: a path, a file descriptor (``StackDumpFile``'s
+    child handle, unpickled) or None (stderr). Returns the open file to keep alive (the fd itself for an fd)."""
     if not hasattr(faulthandler, "register"):
         return None
-    handle = open(path, "w") if path else sys.stderr  # noqa: SIM115 -- must outlive this call
+    if isinstance(target, int):
+        faulthandler.register(sig, file=target, all_threads=True, chain=False)
+        return target
+    handle = open(target, "w") if target else sys.stderr  # noqa: SIM115 -- must outlive this call
     faulthandler.register(sig, file=handle, all_threads=True, chain=False)
     return handle
 

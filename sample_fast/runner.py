@@ -12,7 +12,6 @@ import faulthandler
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -31,11 +30,14 @@ from sample_fast.procs import (
     CTRL_SAMPLER_WAIT_S,
     CTRL_STOP,
     SharedRngState,
+    StackDumpFile,
+    ignore_stop_signals,
     new_control,
     pid_alive,
-    read_text,
     register_stack_dump,
     set_parent_death_signal,
+    start_resource_tracker,
+    stop_signals_blocked,
 )
 from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, build_split_envs
 from sample_fast.trajectory_store import TrajectoryStore
@@ -79,23 +81,27 @@ def _sampler_main(
     rng_state: torch.Tensor | None,
     rng_shared: SharedRngState,
     err_conn: Any,
-    dump_path: str,
+    dump_fd: int,
     parent_pid: int,
 ) -> None:
     """Entry point of the async sampler process. Its torch RNG (the policy's action noise) starts from ``rng_state``
     (a resumed run's checkpoint) or ``torch_seed``, and is published to ``rng_shared`` after every pass of the
     loop that finished a slot, for the runner's checkpoints."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the runner, which stops us through ``control``
-    set_parent_death_signal(signal.SIGTERM)  # our OS parent's death (runner, or forkserver) takes us down too
-    dump_handle = register_stack_dump(dump_path)  # the runner sends SIGUSR1 when our heartbeat stops
+    # SIGINT/SIGTERM/SIGHUP (Ctrl-C, `kill -- -PGID`, a closed terminal reach the whole group) go to the runner,
+    # which saves a final checkpoint and then stops us through ``control``. We were started with them blocked
+    # (Runner._start), so one that arrived while this process was still importing is discarded here.
+    ignore_stop_signals()
+    # Our OS parent's death (runner, or forkserver) takes us down too; SIGKILL, since SIGTERM is ignored now.
+    set_parent_death_signal(signal.SIGKILL)
+    dump_handle = register_stack_dump(dump_fd)  # the runner sends SIGUSR1 when our heartbeat stops
     torch.set_num_threads(cfg.inference_threads)
     torch.manual_seed(torch_seed)
     if rng_state is not None:
         torch.set_rng_state(rng_state)
     envs, sampler = [], None
     try:
-        if not pid_alive(parent_pid):
-            return  # the runner died before the death signal was armed
+        if not pid_alive(parent_pid) or control[CTRL_STOP] != 0:
+            return  # the runner died before the death signal was armed, or stopped during our start-up
         envs = build_split_envs(env_fn, cfg.num_splits)
         policy = policy_fn()
         sampler = Sampler(
@@ -134,9 +140,9 @@ def _sampler_main(
                     env.close()
         finally:
             err_conn.close()
-            if dump_handle is not None and dump_handle is not sys.stderr:
+            if dump_handle is not None:
                 faulthandler.unregister(signal.SIGUSR1)
-                dump_handle.close()
+                os.close(dump_handle)
 
 
 class Runner:
@@ -182,7 +188,7 @@ class Runner:
         self._num_trains = 0
         self._published_version = -1
         self._err_conn: Any = None
-        self._dump_path: str | None = None
+        self._dump: StackDumpFile | None = None
         self._learner_wait_s = 0.0
         self._initial_sampler_rng = None if sampler_rng_state is None else sampler_rng_state.clone()
         self._rng_shared: SharedRngState | None = None
@@ -268,6 +274,7 @@ class Runner:
         finally:
             first.close()
         ctx = mp.get_context(cfg.mp_start_method)
+        start_resource_tracker()  # before the store's semaphores register with it: it must survive a group SIGHUP
         self.store = TrajectoryStore(
             obs_spec, act_spec, cfg.rollout_len, num_envs, cfg.num_slots, max_episode_steps=max_episode_steps,
             store_values=cfg.store_values, shared=True, ctx=ctx,
@@ -278,8 +285,7 @@ class Runner:
         self.control = new_control(shared=True)
         self._rng_shared = SharedRngState()
         err_recv, err_send = ctx.Pipe(duplex=False)
-        fd, self._dump_path = tempfile.mkstemp(prefix="sample_fast_sampler_stacks_", suffix=".txt")
-        os.close(fd)
+        self._dump = StackDumpFile()  # no name on disk: nothing is left in /tmp even after a kill -9 of this process
         self._err_conn = err_recv
         args = (
             self.env_fn,
@@ -294,12 +300,13 @@ class Runner:
             self._initial_sampler_rng,
             self._rng_shared,
             err_send,
-            self._dump_path,
+            self._dump.child_handle(),
             os.getpid(),
         )
         self.process = ctx.Process(target=_sampler_main, args=args, name="sample_fast-sampler", daemon=True)
         self._sampler_started_s = time.monotonic()
-        self.process.start()
+        with stop_signals_blocked():  # the child is born with them blocked (procs.stop_signals_blocked)
+            self.process.start()
         err_send.close()  # the child holds the only write end: EOF on our side means it is gone
 
     # ----- loop -----------------------------------------------------------------------------------------------
@@ -426,10 +433,10 @@ class Runner:
         except OSError:
             pass
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and not read_text(self._dump_path):
+        while time.monotonic() < deadline and not self._dump.read():
             time.sleep(0.05)
         time.sleep(0.1)
-        dump = read_text(self._dump_path) or "(no stack dump was written)"
+        dump = self._dump.read() or "(no stack dump was written)"
         raise SamplerError(f"the sampler process (pid {pid}) {what}; its stacks:\n{dump}")
 
     # ----- stop -----------------------------------------------------------------------------------------------
@@ -459,14 +466,11 @@ class Runner:
             except Exception:
                 pass
             proc.join(timeout=self.cfg.shutdown_timeout_s)  # SYNC: bounded
-            if proc.is_alive():
+            if proc.is_alive():  # it ignores SIGTERM (see _sampler_main): SIGKILL
                 print(
-                    f"sampler process {proc.pid} did not stop within {self.cfg.shutdown_timeout_s:g} s; terminating it",
+                    f"sampler process {proc.pid} did not stop within {self.cfg.shutdown_timeout_s:g} s; killing it",
                     file=sys.stderr,
                 )
-                proc.terminate()
-                proc.join(timeout=3.0)
-            if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=3.0)
             proc.close()
@@ -474,12 +478,9 @@ class Runner:
         if self._err_conn is not None:
             self._err_conn.close()
             self._err_conn = None
-        if self._dump_path is not None:
-            try:
-                os.unlink(self._dump_path)
-            except OSError:
-                pass
-            self._dump_path = None
+        if self._dump is not None:
+            self._dump.close()
+            self._dump = None
 
     def _summary(self, reason: str) -> dict:
         wall_s = time.monotonic() - self._t0

@@ -7,10 +7,21 @@ directory, then build the components through the ``Runner``. Components are buil
 below (module level, so ``functools.partial`` of them pickles into the sampler process).
 """
 
+# ruff: noqa: E402 -- the signal default below must precede the slow imports
 from __future__ import annotations
+
+import signal
+
+if __name__ == "__main__":  # python -m sample_fast.train: until cli.main installs its handlers (after the imports
+    # below, 1-3 s), a stop signal is only noted here; cli.main then exits at once with 128 + its number ("received
+    # before training started"), rather than a KeyboardInterrupt traceback from inside `import torch`.
+    EARLY_SIGNALS: list[int] = []
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_sig, lambda signum, frame: EARLY_SIGNALS.append(signum))
 
 import dataclasses
 import datetime
+import errno
 import functools
 import json
 import logging
@@ -19,9 +30,9 @@ import os
 import platform
 import random
 import shutil
-import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 from typing import Any
@@ -195,24 +206,45 @@ def set_rng_state(state: dict) -> None:
 
 
 # ----- hooks ------------------------------------------------------------------------------------------------------
+class RunFailed(RuntimeError):
+    """The run stopped itself after a failure it cannot train through (checkpoints that cannot be written, a learner
+    that keeps rolling back): exit status 1. The message says what happened and what to change."""
+
+
+def describe_os_error(e: OSError) -> str:
+    """``[Errno 28] ENOSPC: No space left on device`` (the path is named by the caller)."""
+    code = errno.errorcode.get(e.errno, str(e.errno)) if e.errno is not None else "?"
+    return f"[Errno {e.errno}] {code}: {e.strerror or e}"
+
+
 class TrainHooks:
     """Runner hooks of a training run: logs every update, checkpoints every ``checkpoint_interval_s`` and on stop.
 
-    Called in the main (learner) process; ``runner`` is attached after the Runner is built.
+    Called in the main (learner) process; ``runner`` is attached after the Runner is built. A failed save (read-only
+    or full disk) is reported in one line and retried at the next interval; ``run.max_save_failures`` of them in a
+    row, or more than ``run.max_rollbacks`` learner rollbacks in this start, stop the run (``fatal``, RunFailed).
     """
 
-    def __init__(self, cfg: TrainConfig, ckpt, logger, start_env_steps: int):
+    def __init__(self, cfg: TrainConfig, ckpt, logger, start_env_steps: int, stopper=None, injector=None):
         self.cfg, self.ckpt, self.logger = cfg, ckpt, logger
+        self.stopper = stopper
+        self.injector = injector
         self.runner = None
         self.env_steps = start_env_steps
         self.last_saved_steps = start_env_steps
         self._last_ckpt_t = time.monotonic()
         self.stop_reason: str | None = None
+        self.save_failures = 0  #: failed saves in a row
+        self.fatal: str | None = None  #: why the run stopped itself (RunFailed)
+        self.final_saved = False  #: on_stop's checkpoint is on disk (or the last save already was at its step)
+        self.last_saved_path: str | None = None
+        self._start_rollbacks: int | None = None
 
     def on_train(self, env_steps: int, metrics: dict[str, float]) -> None:
         self.env_steps = env_steps
         self.logger.add_train(env_steps, metrics)
-        if time.monotonic() - self._last_ckpt_t >= self.cfg.run.checkpoint_interval_s:
+        self._check_rollbacks()
+        if self.fatal is None and time.monotonic() - self._last_ckpt_t >= self.cfg.run.checkpoint_interval_s:
             self.save(env_steps)
 
     def on_episodes(self, env_steps: int, returns: torch.Tensor, lengths: torch.Tensor) -> None:
@@ -220,11 +252,62 @@ class TrainHooks:
 
     def on_stop(self, env_steps: int, reason: str) -> None:
         self.env_steps, self.stop_reason = env_steps, reason
-        if env_steps != self.last_saved_steps or not self.ckpt.checkpoints():
-            self.save(env_steps)
+        forced = self.stopper is not None and self.stopper.forced
+        if forced:  # a second Ctrl-C: no new save, no plot; "stop at once"
+            self.logger.close(env_steps, plot=False)
+            return
+        if self.save_failures >= self.cfg.run.max_save_failures:
+            pass  # the saves keep failing: another try is only another warning (fatal already says so)
+        elif env_steps != self.last_saved_steps or not self.ckpt.checkpoints():
+            self.final_saved = self.save(env_steps)
+            if not self.final_saved and self.fatal is None:
+                self.fatal = (
+                    f"the final checkpoint (env step {env_steps}) could not be written (see the warning above); "
+                    f"{self._newest_on_disk()}"
+                )
+        else:
+            self.final_saved = True
+            if self.last_saved_path is None:  # nothing saved in this start: the state is the resumed checkpoint
+                self.last_saved_path = str(self.ckpt.checkpoints()[-1])
         self.logger.close(env_steps)
+        if self.stopper is not None:
+            self.stopper.interruptible = False  # what is left is the bounded shutdown: a Ctrl-C must not cut it
 
-    def save(self, env_steps: int) -> None:
+    def _check_rollbacks(self) -> None:
+        rollbacks = getattr(self.runner.learner, "rollbacks", None) if self.runner is not None else None
+        if rollbacks is None or self.fatal is not None:
+            return
+        if self._start_rollbacks is None:  # the learner's counter is cumulative (restored on resume)
+            self._start_rollbacks = int(rollbacks)
+        taken = int(rollbacks) - self._start_rollbacks
+        limit = self.cfg.run.max_rollbacks
+        if taken > limit:
+            lr = self.cfg.learner.lr
+            self.fatal = (
+                f"the learner rolled back {taken} times in this run (more than run.max_rollbacks={limit}): its loss "
+                f"keeps turning non-finite. Lower learner.lr (now {lr:g}; try learner.lr={lr / 10:g}), tighten "
+                f"learner.max_grad_norm (now {self.cfg.learner.max_grad_norm}), or check the env's rewards and "
+                "observations for NaN/inf; the checkpoints hold the last good weights"
+            )
+            self.runner.request_stop()
+
+    def _newest_on_disk(self) -> str:
+        files = self.ckpt.checkpoints()
+        if not files:
+            return "no checkpoint was written yet, so the same command starts over"
+        return f"the newest checkpoint on disk is {files[-1]}, and the same command resumes from it"
+
+    def interrupted_message(self) -> str:
+        """The truthful line for a second Ctrl-C."""
+        if self.final_saved:
+            return (
+                f"interrupted (second Ctrl-C) after the final checkpoint was written ({self.last_saved_path}, env step "
+                f"{self.last_saved_steps}); the same command resumes from it"
+            )
+        return f"interrupted (second Ctrl-C): stopped at once, without the final checkpoint; {self._newest_on_disk()}"
+
+    def save(self, env_steps: int) -> bool:
+        """Write a checkpoint; False (one warning line, counted) if the file system refused it."""
         learner, policy = self.runner.learner, self.runner.policy
         ret = self.logger.episode_return_mean()
         state = {
@@ -236,51 +319,133 @@ class TrainHooks:
             # the sampler's action-noise stream: its own process in async mode (serial: the same as rng["torch"])
             "sampler_rng": self.runner.sampler_rng_state(),
             "episode_return_mean": ret,
+            "logger": self.logger.state_dict(),  # episode/update counts and the return window continue on resume
         }
-        self.ckpt.save(state, env_steps=int(env_steps), metric=None if math.isnan(ret) else ret)
-        self.last_saved_steps = env_steps
-        self._last_ckpt_t = time.monotonic()
+        self._last_ckpt_t = time.monotonic()  # a failed save is retried at the next interval, not at every update
+        error = self.injector.save_error(self.ckpt.dir) if self.injector else None
+        t0 = time.perf_counter()
+        try:
+            path = self.ckpt.save(
+                state, env_steps=int(env_steps), metric=None if math.isnan(ret) else ret, inject_error=error
+            )
+        except OSError as e:
+            self.save_failures += 1
+            limit = self.cfg.run.max_save_failures
+            log.warning(
+                "checkpoint: could not write %s: %s; the checkpoints already saved are kept; %s",
+                e.filename or self.ckpt.dir, describe_os_error(e),
+                f"failure {self.save_failures} of run.max_save_failures={limit} in a row, retrying in "
+                f"{self.cfg.run.checkpoint_interval_s:g} s" if self.save_failures < limit else "stopping the run",
+            )  # fmt: skip
+            if self.save_failures >= limit and self.fatal is None:
+                self.fatal = (
+                    f"{self.save_failures} checkpoint saves in a row failed (run.max_save_failures={limit}); "
+                    f"free space in {self.ckpt.dir} or make it writable (or set run.dir elsewhere); "
+                    f"{self._newest_on_disk()}"
+                )
+                self.runner.request_stop()
+            return False
+        # PERF: the save stalls training for this long (Ant's default sizes: see docs/training.md, "Checkpoints")
+        self.logger.set_gauge("checkpoint_s", time.perf_counter() - t0)
+        self.save_failures = 0
+        self.last_saved_steps, self.last_saved_path = env_steps, str(path)
+        return True
 
 
 # ----- signals ----------------------------------------------------------------------------------------------------
 class StopOnSignals:
-    """SIGINT/SIGTERM ask the runner to stop (its on_stop hook saves a final checkpoint). A second SIGINT, more than
-    ``duplicate_s`` after the previous signal, falls back to Python's KeyboardInterrupt (``main`` turns it into exit
-    status 130 without a traceback). A signal within ``duplicate_s`` of the previous one is the same interrupt
-    delivered twice: ``timeout -s INT`` signals the command and then its whole process group, so the main process
-    gets it twice within microseconds. Previous handlers are restored on exit."""
+    """SIGINT, SIGTERM and SIGHUP ask the runner to stop (its on_stop hook saves a final checkpoint); the exit status
+    is then 128 + the first signal's number (130, 143, 129). A second SIGINT, more than ``duplicate_s`` after the
+    previous signal, raises KeyboardInterrupt (a stop at once, exit status 130) unless the final checkpoint is
+    already written (``interruptible`` False: the bounded shutdown is left to finish). Repeated SIGTERM/SIGHUP only
+    ask again. A signal within ``duplicate_s`` of the previous one is the same stop delivered twice: ``timeout -s
+    INT`` and ``kill -- -PGID`` reach the main process both directly and through its group. A SIGHUP (the terminal
+    is gone) points stdout/stderr that are a terminal at /dev/null, so later writes cannot fail.
 
-    def __init__(self, runner, duplicate_s: float = 0.5):
+    ``install()`` before the runner exists (a signal then is remembered, and ``attach`` passes it on); previous
+    handlers are restored by ``uninstall()``. Also a context manager (``with StopOnSignals(runner):``)."""
+
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+    def __init__(self, runner=None, duplicate_s: float = 0.5):
         self.runner = runner
         self.duplicate_s = duplicate_s
         self.received: list[str] = []
+        self.forced = False
+        self.interruptible = True
         self._last_t = 0.0
         self._old: dict[int, Any] = {}
+
+    def attach(self, runner) -> None:
+        self.runner = runner
+        if self.received:
+            runner.request_stop()
 
     def _handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         now = time.monotonic()
         if self.received and now - self._last_t < self.duplicate_s:
             return
-        self.received.append(name)
-        if signum == signal.SIGINT and len(self.received) > 1:
-            raise KeyboardInterrupt
         self._last_t = now
-        print(
+        self.received.append(name)
+        if signum == getattr(signal, "SIGHUP", None):
+            _detach_from_terminal()
+        if len(self.received) > 1:
+            if signum == signal.SIGINT and self.interruptible and not self.forced:
+                self.forced = True
+                raise KeyboardInterrupt
+            if self.runner is not None:
+                self.runner.request_stop()
+            _say(f"{name} received: already stopping" + ("" if self.interruptible else " (final checkpoint written)"))
+            return
+        _say(
             f"\n{name} received: stopping after the current step and saving a checkpoint "
-            "(Ctrl-C again stops at once, without it)",
-            file=sys.stderr,
+            "(Ctrl-C again stops at once, without it)"
         )
-        self.runner.request_stop()
+        if self.runner is not None:
+            self.runner.request_stop()
 
-    def __enter__(self) -> StopOnSignals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._handle)
+    def install(self) -> StopOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                sig = getattr(signal, name, None)
+                if sig is not None:
+                    self._old[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def uninstall(self) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+        self._old.clear()
+
+    def __enter__(self) -> StopOnSignals:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # the terminal is gone
+        pass
+
+
+def _detach_from_terminal() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        for fd in (1, 2):
+            try:
+                if os.isatty(fd):
+                    os.dup2(devnull, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(devnull)
 
 
 def import_runner():
@@ -301,7 +466,18 @@ def import_runner():
 # ----- the run ----------------------------------------------------------------------------------------------------
 def prepare(cfg_in: DictConfig | TrainConfig) -> tuple[TrainConfig, str]:
     """Resolve the config and check the run dir against it. Raises ConfigError; writes nothing."""
+    from .cli import check_known_keys, check_ranges
+    from .inject import parse_faults
+
+    if isinstance(cfg_in, DictConfig):
+        check_known_keys(cfg_in)  # a `+key=...` typo Hydra accepted
     cfg = resolve(cfg_in)
+    check_ranges(cfg)
+    if cfg.run.max_save_failures < 1:
+        raise ConfigError(f"run.max_save_failures={cfg.run.max_save_failures} must be >= 1 (1: stop at the first)")
+    if cfg.run.max_rollbacks < 0:
+        raise ConfigError(f"run.max_rollbacks={cfg.run.max_rollbacks} must be >= 0 (0: stop at the first rollback)")
+    parse_faults(cfg.debug.inject)
     rdir = run_dir(cfg)
     if os.path.exists(rdir) and not os.path.isdir(rdir):
         raise ConfigError(f"run directory {rdir} exists and is not a directory; set run.dir or run.name")
@@ -310,26 +486,49 @@ def prepare(cfg_in: DictConfig | TrainConfig) -> tuple[TrainConfig, str]:
     return cfg, rdir
 
 
-def train(cfg_in: DictConfig | TrainConfig) -> dict:
-    """Run training for ``cfg_in``. Returns the runner's summary plus ``run_dir``."""
+def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None) -> dict:
+    """Run training for ``cfg_in``. Returns the runner's summary plus ``run_dir``, ``stop_signal`` (the signal that
+    stopped it, or None) and ``final_checkpoint``. Raises ConfigError, RunFailed (the run stopped itself: see
+    TrainHooks) or KeyboardInterrupt (a second Ctrl-C; its ``message`` says whether the final checkpoint is on disk).
+
+    ``stopper``: the signal handlers ``cli.main`` installed before composing the config; None installs them here,
+    for the duration of the call."""
+    if stopper is None:
+        with StopOnSignals() as own:
+            return train(cfg_in, stopper=own)
     cfg, rdir = prepare(cfg_in)
+    from .inject import Injector, parse_faults
+
+    injector = Injector(parse_faults(cfg.debug.inject))
+    if injector:
+        log.warning("debug.inject=%s: these faults will be injected into this run", cfg.debug.inject)
     Runner = import_runner()
+    from .checkpoint import CheckpointManager
     from .logger import ProgressLogger
 
-    if cfg.restart and os.path.exists(rdir) and os.listdir(rdir):
-        print(f"restart=true: moved the previous run to {move_aside(rdir)}", file=sys.stderr)
+    try:
+        if cfg.restart and os.path.exists(rdir) and os.listdir(rdir):
+            print(f"restart=true: moved the previous run to {move_aside(rdir)}", file=sys.stderr)
+        ckpt = CheckpointManager(rdir, keep_last=cfg.run.keep_checkpoints)  # <rdir>/checkpoints
+    except OSError as e:
+        raise RunFailed(f"cannot prepare the run directory {e.filename or rdir}: {describe_os_error(e)}; "
+                        "pick a writable run.dir") from None  # fmt: skip
 
     torch.set_num_threads(cfg.sampler.learner_threads)
-    from .checkpoint import CheckpointManager
-
-    ckpt = CheckpointManager(rdir, keep_last=cfg.run.keep_checkpoints)  # <rdir>/checkpoints
-    latest = ckpt.load_latest()  # a corrupt newest file is skipped with a warning naming it
+    # the newest intact state, best.pt included; a corrupt file is renamed aside (*.corrupt) with a warning
+    latest = ckpt.load_resume()
     resume_state = latest[0] if latest is not None else None
-    if latest is None and has_checkpoints(rdir):
-        raise RuntimeError(f"no readable checkpoint in {rdir}/{CHECKPOINT_DIR}; pass restart=true to start over")
+    if latest is None and (ckpt.checkpoints() or ckpt.corrupt_files()):
+        raise RunFailed(
+            f"no intact checkpoint in {ckpt.dir} (the unreadable ones are renamed *.corrupt); pass restart=true to "
+            "start over (the old run is moved aside)"
+        )
     start_env_steps = int(resume_state["env_steps"]) if resume_state else 0
     start_wall_s = float(resume_state.get("wall_s", 0.0)) if resume_state else 0.0
-    write_run_files(cfg, rdir, start_env_steps)
+    try:
+        write_run_files(cfg, rdir, start_env_steps)
+    except OSError as e:
+        raise RunFailed(f"cannot write {e.filename or rdir}: {describe_os_error(e)}; pick a writable run.dir") from None
     if resume_state is not None:
         print(f"resuming {rdir} from {latest[1].name} (env step {start_env_steps})", file=sys.stderr)
     else:
@@ -351,8 +550,12 @@ def train(cfg_in: DictConfig | TrainConfig) -> dict:
         total_env_steps=cfg.run.total_env_steps,
         resume_state=resume_state,
     )
-    logger = ProgressLogger(rdir, cfg.logging, cfg.run.total_env_steps, start_env_steps, start_wall_s)
-    hooks = TrainHooks(cfg, ckpt, logger, start_env_steps)
+    logger = ProgressLogger(
+        rdir, cfg.logging, cfg.run.total_env_steps, start_env_steps, start_wall_s,
+        start_state=resume_state.get("logger") if resume_state else None,
+    )  # fmt: skip
+    hooks = TrainHooks(cfg, ckpt, logger, start_env_steps, stopper=stopper, injector=injector)
+    summary: dict = {"env_steps": start_env_steps, "reason": "stop_requested"}
     if start_env_steps >= cfg.run.total_env_steps:
         logger.close(None)
         print(
@@ -360,7 +563,11 @@ def train(cfg_in: DictConfig | TrainConfig) -> dict:
             "raise run.total_env_steps to train further",
             file=sys.stderr,
         )
-        return {"env_steps": start_env_steps, "run_dir": rdir}
+        return {"env_steps": start_env_steps, "run_dir": rdir, "reason": "total_env_steps", "stop_signal": None}
+    if stopper.received:  # a signal during start-up (config, resume, spec probe): nothing has started yet
+        logger.close(None)
+        _say(f"{stopper.received[0]} received before training started: nothing to save")
+        return {**summary, "run_dir": rdir, "stop_signal": stopper.received[0], "final_checkpoint": None}
 
     try:
         sampler_rng = resume_state.get("sampler_rng") if resume_state is not None else None
@@ -368,49 +575,46 @@ def train(cfg_in: DictConfig | TrainConfig) -> dict:
             env_fn, policy_fn, learner_fn, sampler_cfg, mode=cfg.run.mode, hooks=hooks, sampler_rng_state=sampler_rng
         )
         hooks.runner = runner
-        with StopOnSignals(runner):
-            summary = runner.run(
-                cfg.run.total_env_steps, time_limit_s=cfg.run.time_limit_s, start_env_steps=start_env_steps
-            )
+        hooks._start_rollbacks = int(getattr(runner.learner, "rollbacks", 0))  # cumulative: restored on resume
+        injector.wrap_learner(runner.learner)
+        stopper.attach(runner)  # a signal that came during start-up stops it at once (after a final checkpoint)
+        summary = runner.run(
+            cfg.run.total_env_steps, time_limit_s=cfg.run.time_limit_s, start_env_steps=start_env_steps
+        )
+    except KeyboardInterrupt:
+        interrupted = KeyboardInterrupt()
+        interrupted.message = hooks.interrupted_message()
+        raise interrupted from None
     finally:
         # no-op when on_stop already closed it; without a runner there is no new row to write
-        logger.close(hooks.env_steps if hooks.runner is not None else None)
+        logger.close(hooks.env_steps if hooks.runner is not None else None, plot=not stopper.forced)
+        stopper.runner = None
     summary = dict(summary or {})
-    summary["run_dir"] = rdir
-    print(
-        f"done: {hooks.env_steps} env steps, mean return {logger.episode_return_mean():.2f}, run dir {rdir}",
-        file=sys.stderr,
+    summary.update(run_dir=rdir, final_checkpoint=hooks.last_saved_path if hooks.final_saved else None)
+    summary["stop_signal"] = (
+        stopper.received[0] if summary.get("reason") == "stop_requested" and stopper.received else None
     )
+    if hooks.fatal is not None:
+        raise RunFailed(hooks.fatal)
+    ret = logger.episode_return_mean()
+    if summary["stop_signal"]:
+        from .cli import exit_status_for_signal
+
+        name = summary["stop_signal"]
+        _say(
+            f"stopped by {name} at env step {hooks.env_steps}: final checkpoint {hooks.last_saved_path} written, mean "
+            f"return {ret:.2f}; the same command resumes from it (exit status {exit_status_for_signal(name)})"
+        )
+    else:
+        _say(f"done: {hooks.env_steps} env steps, mean return {ret:.2f}, run dir {rdir}")
     return summary
 
 
-def _hydra_entry() -> None:
-    import hydra
-
-    @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=CONFIG_NAME)
-    def _main(cfg: DictConfig) -> None:
-        # Hydra's logging config is disabled (configs/train.yaml); warnings (e.g. a skipped corrupt checkpoint) go
-        # to stderr in this plain format.
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        try:
-            train(cfg)
-        except ConfigError as e:
-            print(f"config error: {e}", file=sys.stderr)
-            sys.exit(2)
-        except KeyboardInterrupt:  # a second Ctrl-C: the runner has stopped its processes on the way out
-            print(
-                "interrupted: stopped without a final checkpoint; the checkpoints already saved are kept, and the "
-                "same command resumes from the newest",
-                file=sys.stderr,
-            )
-            sys.exit(130)
-
-    _main()
-
-
 def main() -> None:
-    """Console entry point (``sample-fast-train``) and ``python -m sample_fast.train``."""
-    _hydra_entry()
+    """Console entry point (``sample-fast-train``) and ``python -m sample_fast.train``: see ``sample_fast.cli``."""
+    from .cli import main as cli_main
+
+    cli_main()
 
 
 if __name__ == "__main__":
