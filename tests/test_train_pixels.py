@@ -79,3 +79,41 @@ def test_pong_trains_end_to_end(tmp_path, mode):
     assert done[-1]["episode_length_mean"] == 100  # every episode truncated at the cap (a Pong game is longer)
     best = done[-1]["episode_return_max"]
     assert -21 <= best <= 21 and best == int(best) and not math.isnan(done[-1]["episode_return_mean"])
+
+
+class _BadActions(torch.nn.Module):
+    """A policy whose actions are out of Pong's range (6 actions) or of the wrong dtype."""
+
+    def __init__(self, actions: torch.Tensor):
+        super().__init__()
+        self.actions = actions
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def act(self, obs, deterministic=False):
+        n = obs.shape[0]
+        return self.actions[:n], torch.zeros(n), None
+
+
+@pytest.mark.parametrize(
+    "actions, fragment",
+    [
+        (torch.tensor([0, 6]), r"discrete actions must be in \[0, 6\); got values in \[0, 6\]"),
+        (torch.tensor([0.0, 1.0]), r"expected shape \(2,\), dtype torch.int64, device cpu, values in \[0, 6\)"),
+    ],
+)
+def test_bad_actions_through_the_sampler_name_the_spec(actions, fragment):
+    from sample_fast.envs import EnvError
+
+    from sample_fast.sampler import Sampler, SamplerConfig
+    from sample_fast.trajectory_store import TrajectoryStore
+
+    env = make("Pong-v5", 2, backend="ale", num_threads=1)
+    cfg = SamplerConfig(rollout_len=4, num_splits=1, num_slots=2, seed=0)
+    store = TrajectoryStore(env.observation_spec, env.action_spec, 4, 2, 2, max_episode_steps=env.max_episode_steps)
+    sampler = Sampler([env], _BadActions(actions), store, cfg, version_fn=lambda: 0)
+    try:
+        with pytest.raises(EnvError, match=fragment) as info:  # EnvError is a ValueError
+            sampler.advance(wait_s=0.0)
+        assert isinstance(info.value, ValueError)
+    finally:
+        sampler.close()
