@@ -4,6 +4,8 @@ It owns one ``AtariVectorEnv`` in sync mode (one ``send`` of all N actions, then
 protocol) with ale-py's same-step autoreset (its PR #614, May 2025; tested with 0.12.1), whose ``final_obs`` is our
 convention. Two details are aligned with EnvPool (docs/envs_backends.md): a game's first stack repeats its first
 frame instead of zero padding, and a lost life is reported through ``life_loss_info``. It owns no task definition.
+For videos, ``rgb_frames=True`` steps a twin pool with the same seeds and actions that returns the full RGB screen
+(``render_rgb``): ale-py's vector interface exposes no emulator screen of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from gymnasium.vector import AutoresetMode
 
 from .atari import FRAME_SHAPE, STACK_NUM, AtariEnvBase, check_options  # noqa: F401 (the config check looks it up here)
 from .base import EnvError, StepResult
+
+#: The Atari screen, rows x columns.
+_SCREEN = (210, 160)
 
 
 def _pad_stack(frames: np.ndarray, rows: np.ndarray, steps: np.ndarray) -> None:
@@ -39,16 +44,29 @@ class AleEnv(AtariEnvBase):
         num_envs: number of envs.
         device: where returned tensors live (emulation runs on ale-py's CPU threads).
         seed: the first ``reset()`` seeds env i with ``seed + i`` (ROM reload, no-op starts and sticky actions).
+        rgb_frames: also keep the RGB screen of every env's newest frame for ``render_rgb`` (eval's videos): a twin
+            pool, seeded and stepped like the first, emulates each game a second time (about doubling the cost).
         options: ``envs.atari.ATARI_OPTIONS`` and ``BACKEND_OPTIONS``.
     """
 
     backend = "ale"
 
-    def __init__(self, name: str, num_envs: int, *, device: str | torch.device = "cpu", seed: int = 0, **options: Any):
+    def __init__(
+        self,
+        name: str,
+        num_envs: int,
+        *,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        rgb_frames: bool = False,
+        **options: Any,
+    ):
         self._pool: Any = None
+        self._rgb_pool: Any = None
+        self._rgb: np.ndarray | None = None
         self._init_task(name, num_envs, device, options)
         o = self.options
-        self._pool = AtariVectorEnv(
+        pool_kwargs = dict(
             game=self.rom,
             num_envs=num_envs,
             batch_size=0,  # == num_envs: sync mode, results in env-id order
@@ -73,6 +91,13 @@ class AleEnv(AtariEnvBase):
             reward_clipping=False,  # the env reports the raw game score; clipping is a learner option
             use_fire_reset=o["fire_reset"],
         )
+        self._pool = AtariVectorEnv(**pool_kwargs)
+        if rgb_frames:
+            # The same emulation (seeds, sticky actions, no-ops and frame skip are the pool's own, so the twin
+            # follows the first frame for frame); only its observation differs: the last frame of each step, in
+            # colour, at the screen's own 210x160, unpooled and unstacked.
+            screen = dict(img_height=_SCREEN[0], img_width=_SCREEN[1], grayscale=False, stack_num=1, maxpool=False)
+            self._rgb_pool = AtariVectorEnv(**{**pool_kwargs, **screen})
         self._set_num_actions(self._pool.single_action_space.n)
         self._seed = seed
         self._seed_next_reset = True
@@ -87,7 +112,10 @@ class AleEnv(AtariEnvBase):
         if seed is not None:
             self._seed, self._seed_next_reset = seed, True
         # The first reset (and reset(seed)) seeds env i with seed + i; a plain reset() continues each env's RNG.
-        obs, info = self._pool.reset(seed=self._seed if self._seed_next_reset else None)  # SYNC
+        reset_seed = self._seed if self._seed_next_reset else None
+        obs, info = self._pool.reset(seed=reset_seed)  # SYNC
+        if self._rgb_pool is not None:
+            self._rgb = self._rgb_pool.reset(seed=reset_seed)[0][:, 0]
         self._seed_next_reset = False
         obs = np.array(obs, copy=True)
         obs[:, : STACK_NUM - 1] = obs[:, STACK_NUM - 1 : STACK_NUM]  # every env is 0 steps into its game
@@ -108,9 +136,16 @@ class AleEnv(AtariEnvBase):
             raise
         # PERF: returns once ale-py's threads have the actions.
         self._pool.send(host)
+        if self._rgb_pool is not None:
+            self._rgb_pool.send(host)
 
     def _recv(self, actions: torch.Tensor) -> StepResult:
         obs, reward, terminated, truncated, info = self._pool.recv()  # SYNC: ale-py's recv has no timeout
+        if self._rgb_pool is not None:
+            rgb, rgb_reward, *_, rgb_info = self._rgb_pool.recv()
+            if not (np.array_equal(rgb_reward, reward) and np.array_equal(rgb_info["lives"], info["lives"])):
+                raise EnvError("the RGB twin pool diverged from the game (another reward or lives count)")
+            self._rgb = rgb[:, 0]
         if not np.array_equal(info["env_id"], self._all_ids):
             raise EnvError(f"ale-py returned rows for envs {info['env_id'][:8]}...; expected env-id order")
         lives = np.asarray(info["lives"], dtype=np.int64)
@@ -145,7 +180,20 @@ class AleEnv(AtariEnvBase):
         self._steps, self._frames, self._lives = steps, frames, lives
         return self._output(obs, np.asarray(reward, dtype=np.float32), terminated, truncated, final_obs, lives)
 
+    def render_rgb(self) -> np.ndarray:
+        """The RGB screen ``[N, 210, 160, 3]`` uint8 of each env's newest frame (after the last step or reset; where
+        a game ended that step, its next game's first frame). Needs ``rgb_frames=True``."""
+        if self._rgb_pool is None:
+            raise EnvError("render_rgb() needs the env built with rgb_frames=True (make(..., backend='ale', "
+                           "rgb_frames=True))")  # fmt: skip
+        if self._rgb is None:
+            raise EnvError(f"call reset() before render_rgb() on {self!r}")
+        return self._rgb.copy()  # the pool reuses its array
+
     def _close(self) -> None:
+        if self._rgb_pool is not None:
+            self._rgb_pool.close()
+            self._rgb_pool = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None  # the last reference: its destructor stops and joins ale-py's threads

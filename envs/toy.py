@@ -3,13 +3,16 @@
 It owns only its own state tensors (targets, step counters, a torch generator) on the requested device and is
 fully vectorised, so it runs anywhere torch runs and costs next to nothing next to a policy forward pass.
 
-Two kinds (option ``kind``):
+Three kinds (option ``kind``):
 
 * ``"continuous"`` (default): obs ``[target (dim), t / max_episode_steps]``, target uniform in ``[-1, 1]^dim`` and
   redrawn every step; action in ``[-1, 1]^dim`` (clipped to that box); reward ``1 - mean((action - target)^2)``.
   The optimal policy is ``action = target`` (reward 1 per step).
 * ``"discrete"``: obs ``[one_hot(state, num_states), t / max_episode_steps]``, state uniform in ``[0, num_states)``
   and redrawn every step; ``num_actions`` actions; reward 1 if ``action == state % num_actions`` else 0.
+* ``"image"``: obs a uint8 frame ``[1, image_size, image_size]``, black but for one pixel of 255 at a uniformly
+  random row and column, redrawn every step; ``num_actions`` actions; reward 1 if the action is the pixel's column
+  band ``column * num_actions // image_size`` else 0. A pixel env for CNN policies (the trainer's CNN test).
 
 Every episode is truncated after ``max_episode_steps`` steps. With ``terminate_on_miss`` an episode terminates on a
 "miss" (discrete: wrong action; continuous: ``mean((action - target)^2) > miss_threshold``), so both the terminated
@@ -33,11 +36,13 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "max_episode_steps": 16,
     "terminate_on_miss": False,
     "miss_threshold": 0.25,
+    "image_size": 12,
 }
 
 _KIND_OPTIONS: dict[str, tuple[str, ...]] = {
     "continuous": ("kind", "dim", "max_episode_steps", "terminate_on_miss", "miss_threshold"),
     "discrete": ("kind", "num_states", "num_actions", "max_episode_steps", "terminate_on_miss"),
+    "image": ("kind", "image_size", "num_actions", "max_episode_steps", "terminate_on_miss"),
 }
 
 
@@ -67,9 +72,12 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
             hint=hint,
         )
     opts = {k: options.get(k, DEFAULT_OPTIONS[k]) for k in valid}
-    for key in ("max_episode_steps", "dim", "num_states", "num_actions"):
+    for key in ("max_episode_steps", "dim", "num_states", "num_actions", "image_size"):
         if key in opts:
             _positive_int(opts, key)
+    if kind == "image" and opts["image_size"] < opts["num_actions"]:
+        raise EnvError(f"toy option image_size ({opts['image_size']}) must be >= num_actions ({opts['num_actions']}): "
+                       "each action needs a column band of at least one pixel")  # fmt: skip
     if kind == "continuous" and not (
         isinstance(opts["miss_threshold"], (int, float)) and not isinstance(opts["miss_threshold"], bool)
         and opts["miss_threshold"] > 0
@@ -113,14 +121,21 @@ class ToyEnv(BatchedEnv):
             # E[(a - x)^2] = Var(a) + Var(x) = 1/3 + 1/3 for a, x independent uniform on [-1, 1].
             self.random_return = None if self.terminate_on_miss else horizon * (1.0 - 2.0 / 3.0)
         else:
-            self.num_states = opts["num_states"]
             self.num_actions = opts["num_actions"]
             self.action_spec = Spec(shape=(), dtype=torch.int64, num_actions=self.num_actions)
-            obs_dim = self.num_states + 1
-            p = 1.0 / self.num_actions
+            p = 1.0 / self.num_actions  # a uniform random action hits whatever the state's distribution
             # With termination the k-th reward needs k hits in a row: sum_k p^k; without, p per step.
             self.random_return = sum(p**k for k in range(1, horizon + 1)) if self.terminate_on_miss else horizon * p
-        self.observation_spec = Spec(shape=(obs_dim,), dtype=torch.float32)
+        if kind == "image":
+            self.image_size = size = opts["image_size"]
+            shape = (1, size, size)
+            self.observation_spec = Spec(shape=shape, dtype=torch.uint8, low=torch.zeros(shape, dtype=torch.uint8),
+                                         high=torch.full(shape, 255, dtype=torch.uint8))  # fmt: skip
+        else:
+            if kind == "discrete":
+                self.num_states = opts["num_states"]
+                obs_dim = self.num_states + 1
+            self.observation_spec = Spec(shape=(obs_dim,), dtype=torch.float32)
 
         self._seed = seed
         self._gen = torch.Generator(device=self.device)
@@ -135,9 +150,16 @@ class ToyEnv(BatchedEnv):
         n = self.num_envs
         if self.kind == "continuous":
             return torch.rand(n, self.dim, generator=self._gen, device=self.device) * 2.0 - 1.0
+        if self.kind == "image":  # [N, 2]: the bright pixel's (row, column)
+            return torch.randint(0, self.image_size, (n, 2), generator=self._gen, device=self.device)
         return torch.randint(0, self.num_states, (n,), generator=self._gen, device=self.device)
 
     def _observe(self, state: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.kind == "image":
+            frames = torch.zeros(self.num_envs, 1, self.image_size, self.image_size, dtype=torch.uint8,
+                                 device=self.device)  # fmt: skip
+            frames[torch.arange(self.num_envs, device=self.device), 0, state[:, 0], state[:, 1]] = 255
+            return frames
         frac = (t.to(torch.float32) / self.max_episode_steps).unsqueeze(-1)
         if self.kind == "continuous":
             return torch.cat([state, frac], dim=-1)
@@ -160,7 +182,11 @@ class ToyEnv(BatchedEnv):
             reward = 1.0 - err
             miss = err > self.miss_threshold
         else:
-            hit = actions == self._state % self.num_actions
+            if self.kind == "image":
+                correct = self._state[:, 1] * self.num_actions // self.image_size
+            else:
+                correct = self._state % self.num_actions
+            hit = actions == correct
             reward = hit.to(torch.float32)
             miss = ~hit
         self._t += 1
@@ -172,7 +198,7 @@ class ToyEnv(BatchedEnv):
         final_obs = self._observe(next_state, self._t)
         # Done envs start a new episode in this same call: a fresh state and t = 0.
         reset_state = self._draw_state()
-        mask = done.unsqueeze(-1) if self.kind == "continuous" else done
+        mask = done.unsqueeze(-1) if self._state.ndim == 2 else done
         self._state = torch.where(mask, reset_state, next_state)
         self._t.masked_fill_(done, 0)
         obs = self._observe(self._state, self._t)

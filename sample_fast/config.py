@@ -19,7 +19,9 @@ from typing import Any
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
+from .envs.atari import is_atari_name
 from .learner import LearnerConfig
 from .policy import PolicyConfig
 from .sampler import SamplerConfig
@@ -44,6 +46,12 @@ MODES = ("auto", "serial", "async")
 PROGRESS = ("auto", "rich", "plain", "off")
 
 
+_NAME_NOT_SET = (
+    "env.name is not set; pick a preset with env=<name>, or with env=atari a game: env.name=<Game>-v5 "
+    "(e.g. env=atari env.name=SpaceInvaders-v5)"
+)
+
+
 class ConfigError(ValueError):
     """An invalid or inconsistent training config. The message names the field and says what to change."""
 
@@ -52,9 +60,12 @@ class ConfigError(ValueError):
 class EnvConfig:
     """Which environment, how many copies, and where it simulates."""
 
-    #: a task (ant, halfcheetah, hopper, walker2d, humanoid), toy, gymnasium:<id> or gymnasium:<module>:<id>
+    #: a task (ant, halfcheetah, hopper, walker2d, humanoid), toy, gymnasium:<id>, gymnasium:<module>:<id>, or an
+    #: Atari game <Game>-v5 (Pong-v5, Breakout-v5, SpaceInvaders-v5, ...)
     name: str = MISSING
-    backend: str = "auto"  #: auto (mujoco on CPU, mjx with CUDA), mujoco, mjx, envpool, gymnasium, toy
+    #: auto (MuJoCo tasks: mujoco on CPU, mjx with CUDA; Atari: envpool if installed, else ale), mujoco, mjx,
+    #: envpool, ale, gymnasium, toy
+    backend: str = "auto"
     device: str = "auto"  #: where env tensors live: auto (cuda for mjx when available, else cpu), cpu, cuda[:i]
     num_envs: int = 0  #: parallel envs in total; 0 = fitted to the machine (see resolve)
     num_threads: int = 0  #: simulator threads (mujoco backend); 0 = fitted to the cores
@@ -141,6 +152,10 @@ def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
         return cfg
     try:
         obj = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:  # a ??? left in a preset: env=atari's env.name
+        if e.full_key == "env.name":
+            raise ConfigError(_NAME_NOT_SET) from None
+        raise ConfigError(f"{e.full_key} is not set; set it with {e.full_key}=<value>") from None
     except (ValueError, TypeError) as e:  # a component's __post_init__ rejecting a value
         raise ConfigError(str(e)) from e
     if not isinstance(obj, TrainConfig):
@@ -194,12 +209,19 @@ def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
     constructor calls too), so a config is rejected here for exactly what ``make()`` would reject later.
     """
     from .envs import BACKENDS, TASKS, EnvError, OptionError, UnknownOptionError, check_options, resolve_backend
+    from .envs.atari import is_atari_name, rom_id
 
-    known = ", ".join([*sorted(TASKS), "toy", "gymnasium:<id>", "gymnasium:<module>:<id>"])
+    known = ", ".join([*sorted(TASKS), "toy", "gymnasium:<id>", "gymnasium:<module>:<id>", "<Game>-v5 (Atari)"])
     if not env.name or env.name == MISSING:
-        raise ConfigError(f"env.name is not set; pick a preset with env=<name> ({known})")
-    if env.name not in TASKS and env.name != "toy" and not env.name.startswith("gymnasium:"):
+        raise ConfigError(f"{_NAME_NOT_SET} ({known})")
+    atari = is_atari_name(env.name)
+    if env.name not in TASKS and env.name != "toy" and not env.name.startswith("gymnasium:") and not atari:
         raise ConfigError(f"env.name={env.name!r} is unknown; use env=<preset> or env.name=<name> with one of: {known}")
+    if atari:  # the game exists: the env layer's message lists the closest names
+        try:
+            rom_id(env.name)
+        except EnvError as e:
+            raise ConfigError(f"env.name={env.name!r}: {e}") from None
     if env.backend not in (*BACKENDS, "auto"):
         raise ConfigError(f"env.backend={env.backend!r} is unknown; choose one of: auto, {', '.join(BACKENDS)}")
     _check_device("env.device", env.device, cuda)
@@ -245,6 +267,45 @@ def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
     return backend, device
 
 
+def _env_specs(env: EnvConfig) -> tuple[Any, Any] | None:
+    """The (observation, action) specs ``env`` will have, where the config alone gives them without building a
+    simulator or starting a process: Atari (fixed preprocessing) and toy (pure torch, built in microseconds).
+    None otherwise (MuJoCo tasks are checked by name; gymnasium ids only when the policy is built)."""
+    from .envs import Spec, make
+    from .envs.atari import FRAME_SHAPE, STACK_NUM, is_atari_name
+
+    if is_atari_name(env.name):
+        # The game's own action count needs its ROM loaded; the check only needs the space to be discrete.
+        num_actions = 18
+        return Spec((STACK_NUM, *FRAME_SHAPE), torch.uint8), Spec((), torch.int64, num_actions=num_actions)
+    if env.name == "toy":
+        with make("toy", 1, **env.options) as toy:
+            return toy.observation_spec, toy.action_spec
+    return None
+
+
+def _check_policy(cfg: TrainConfig) -> None:
+    """The policy settings fit the env's observations and actions (``PolicyConfig.check_specs``: a CNN encoder on
+    image frames only, no Gaussian settings on discrete actions)."""
+    from .encoders import CNN_ENCODERS
+    from .envs import TASKS
+    from .policy import PolicyConfigError
+
+    env, policy = cfg.env, cfg.policy
+    if env.name in TASKS and policy.encoder in CNN_ENCODERS:
+        raise ConfigError(
+            f"policy.encoder={policy.encoder} needs image observations [C, H, W]; {env.name!r} observes a state "
+            "vector: use policy.encoder=mlp (or auto)"
+        )
+    specs = _env_specs(env)
+    if specs is None:
+        return
+    try:
+        policy.check_specs(*specs, prefix="policy.")
+    except PolicyConfigError as e:
+        raise ConfigError(f"{e} (env {env.name})") from None
+
+
 # ----- resolve ---------------------------------------------------------------------------------------------------
 def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: bool | None = None) -> TrainConfig:
     """Check ``cfg`` and return a copy with every ``auto``/0 value fitted to this machine.
@@ -257,7 +318,10 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
       * run.mode: serial when the simulator runs on the GPU (sim, inference and learning share the device), async
         otherwise (the sampler process simulates while the learner trains).
       * env.num_envs: 4096 on the GPU; on the CPU 64 per core (enough for each mujoco thread to amortise the
-        Python overhead of a step), rounded up to a multiple of sampler.num_splits.
+        Python overhead of a step), rounded up to a multiple of sampler.num_splits. Atari games (emulated on the
+        CPU whatever the devices): 16 per core with the learner on the CPU, where the CNN, not the emulator, sets
+        the pace (design.md section 6: ~0.25 ms per agent step against ~0.5 ms per sample to train), 32 per core
+        with the learner on CUDA, where the emulator does.
       * env.num_threads: every core; sampler.learner_threads: half the cores (torch's thread pool slows down
         many-fold when it competes with the simulator threads for cores).
       * learner.seed and sampler.seed (when null) follow run.seed.
@@ -308,7 +372,11 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
     _positive("env.num_envs", env.num_envs, allow_zero=True)
     _positive("env.num_threads", env.num_threads, allow_zero=True)
     if env.num_envs == 0:
-        env.num_envs = 4096 if sim_on_gpu else _round_up(64 * num_cores, sampler.num_splits)
+        if is_atari_name(env.name):
+            per_core = 32 if torch.device(run.device).type == "cuda" else 16
+            env.num_envs = _round_up(per_core * num_cores, sampler.num_splits)
+        else:
+            env.num_envs = 4096 if sim_on_gpu else _round_up(64 * num_cores, sampler.num_splits)
     if env.num_envs % sampler.num_splits:
         raise ConfigError(
             f"env.num_envs={env.num_envs} must be divisible by sampler.num_splits={sampler.num_splits}; "
@@ -353,6 +421,7 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
                 validate()
             except ValueError as e:  # the component's own check; its message names the field
                 raise ConfigError(f"{section}: {e} (set it with {section}.<field>=...)") from None
+    _check_policy(cfg)
 
     # logging
     if log.progress not in PROGRESS:

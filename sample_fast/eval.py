@@ -2,7 +2,8 @@
 
 Loads ``<run_dir>/config.yaml`` and the best checkpoint (the newest one when no best was recorded), runs N
 deterministic episodes (one per env, in parallel, on the CPU simulator), prints their mean return, and writes an mp4
-of one episode rendered offscreen with ``mujoco.Renderer`` (MuJoCo envs only). Rendering is headless:
+of one episode: MuJoCo envs rendered offscreen with ``mujoco.Renderer``, Atari games from the emulator's RGB screen
+(the ``ale`` backend's ``render_rgb``, whichever backend trained: both play the same game). Rendering is headless:
 ``MUJOCO_GL=egl`` is the default here; ``MUJOCO_GL=osmesa`` needs ``apt-get install libosmesa6``. It owns no state
 beyond the files it writes.
 """
@@ -25,6 +26,11 @@ from omegaconf import OmegaConf  # noqa: E402
 from .config import TrainConfig  # noqa: E402
 
 VIDEO_NAME = "eval.mp4"
+#: Default cap of an Atari video, in agent steps: 5 minutes at the game's 15 agent steps per second (60 frames/s,
+#: frame skip 4); a full 27,000-step episode would be half an hour.
+ATARI_VIDEO_STEPS = 4500
+#: Atari frames are upscaled by this (nearest neighbour) for the video: 210x160 -> 420x320.
+ATARI_VIDEO_SCALE = 2
 
 
 def load_run(run_dir: str, which: str = "best") -> tuple[TrainConfig, Any, dict, str]:
@@ -86,6 +92,11 @@ def record_video(
 ) -> tuple[str, int, float]:
     """Render one deterministic episode (at most ``max_steps`` steps) to an mp4. Returns (path, frames, return)."""
     import imageio.v2 as imageio
+
+    from .envs.atari import is_atari_name
+
+    if is_atari_name(cfg.env.name):
+        return record_atari_video(cfg, policy, path, max_steps=max_steps, seed=seed)
     import mujoco
 
     from .train import build_env
@@ -128,6 +139,45 @@ def record_video(
         env.close()
 
 
+@torch.no_grad()
+def record_atari_video(
+    cfg: TrainConfig, policy, path: str, max_steps: int | None = None, seed: int = 12345
+) -> tuple[str, int, float]:
+    """One deterministic episode of an Atari game (at most ``max_steps`` agent steps, default
+    ``ATARI_VIDEO_STEPS``) as an mp4 of the RGB screen at the game's own speed. Returns (path, frames, return):
+    the return is the raw game score. The policy sees the same [4, 84, 84] frames as in training: the ``ale``
+    backend, whose preprocessing EnvPool's matches bit for bit (docs/envs_backends.md)."""
+    import imageio.v2 as imageio
+
+    from .envs import make
+
+    options = {k: v for k, v in cfg.env.options.items() if k != "num_threads"}
+    env = make(cfg.env.name, 1, backend="ale", seed=seed, rgb_frames=True, num_threads=1, **options)
+    writer = None
+    try:
+        fps = 60 / env.frame_skip  # the console runs at 60 frames/s
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        # 420x320: both sides divide by 4, so ffmpeg keeps the size (macro blocks) and yuv420p gets even sides
+        writer = imageio.get_writer(path, fps=fps, codec="libx264", quality=7, macro_block_size=4)
+        obs, _ = env.reset(seed=seed)
+        limit = max_steps or ATARI_VIDEO_STEPS
+        frames, total = 0, 0.0
+        for _ in range(limit):
+            screen = env.render_rgb()[0]
+            writer.append_data(screen.repeat(ATARI_VIDEO_SCALE, axis=0).repeat(ATARI_VIDEO_SCALE, axis=1))
+            frames += 1
+            actions, _, _ = policy.act(obs, deterministic=True)
+            obs, reward, terminated, truncated, _ = env.step(actions)
+            total += float(reward[0])
+            if bool(terminated[0] | truncated[0]):
+                break  # the env has already reset: the next screen is a new game
+        return path, frames, total
+    finally:
+        if writer is not None:
+            writer.close()
+        env.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sample_fast.eval", description="Evaluate a run's best checkpoint and record an mp4."
@@ -136,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=10, help="deterministic episodes to average (default 10)")
     parser.add_argument("--video", default=None, help=f"mp4 path (default <run_dir>/{VIDEO_NAME})")
     parser.add_argument("--no-video", action="store_true", help="skip the video")
-    parser.add_argument("--video-steps", type=int, default=None, help="cap the video at this many env steps")
+    parser.add_argument("--video-steps", type=int, default=None,
+                        help=f"cap the video at this many env steps (Atari default: {ATARI_VIDEO_STEPS})")  # fmt: skip
     parser.add_argument("--checkpoint", choices=("best", "latest"), default="best", help="which checkpoint to load")
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation episodes")
     args = parser.parse_args(argv)

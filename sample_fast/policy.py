@@ -1,4 +1,5 @@
-"""The actor-critic policy: separate actor and critic MLPs behind a running observation normaliser.
+"""The actor-critic policy: separate actor and critic MLPs behind a running observation normaliser, or, for image
+observations, a Nature-CNN or IMPALA-ResNet trunk shared by a policy head and a value head.
 
 Owns the network weights and the observation statistics (registered buffers, so they travel with ``state_dict()``
 and the ParamStore). The sampler calls ``act`` (the inference hot path); the learner calls ``evaluate``, ``value``
@@ -14,6 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from sample_fast.envs import Spec
+
+from .encoders import ENCODERS, EncoderError, build_cnn_trunk, resolve_encoder
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
@@ -34,10 +37,18 @@ class PolicyConfigError(ValueError):
 class PolicyConfig:
     """Architecture of ``ActorCritic``."""
 
-    #: Hidden layer widths, shared by the actor and the critic (each has its own weights).
+    #: Observation encoder: "mlp" (separate actor and critic MLPs), "nature_cnn" (Mnih et al. 2015),
+    #: "impala_cnn" (Espeholt et al. 2018, the 15-layer ResNet) or "auto": a CNN for image observations
+    #: ``[C, H, W]`` uint8 (nature_cnn for frames of at least 36x36, impala_cnn for smaller ones), mlp otherwise.
+    encoder: str = "auto"
+    #: Hidden layer widths. MLP: the actor's and the critic's layers (each has its own weights). CNN: the
+    #: fully-connected layers after the convolutions, in the trunk both heads share (Nature: [512], IMPALA: [256]).
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
-    #: Hidden activation: tanh, relu, elu or silu.
+    #: Hidden activation: tanh, relu, elu or silu (CNN: of its fully-connected layers; its convolutions use ReLU as
+    #: in the papers).
     activation: str = "tanh"
+    #: impala_cnn: output channels of its three conv + max-pool + 2 residual-block stacks (the paper's [16, 32, 32]).
+    impala_channels: list[int] = field(default_factory=lambda: [16, 32, 32])
     #: Initial log standard deviation of the Gaussian policy (continuous actions); std = exp(-0.5) ~ 0.61.
     init_log_std: float = -0.5
     #: log-std is clamped to [min_log_std, max_log_std] when used, so a runaway parameter cannot give inf/0 std.
@@ -47,7 +58,8 @@ class PolicyConfig:
     #: outside the box (where every sample is clipped to the same action, the gradient vanishes, and the mean can run
     #: away: seen on halfcheetah at lr 3e-3, mean |a| ~ 34 and KL ~ 100). Samples stay unsquashed (the env clips).
     squash_mean: bool = True
-    #: Normalise observations with running mean/std statistics (updated by the learner).
+    #: Normalise observations with running mean/std statistics (updated by the learner). MLP only: the CNN
+    #: encoders scale uint8 pixels by 1/255 instead (pixel statistics would only add a per-pixel affine map).
     normalize_obs: bool = True
     #: Normalised observations are clipped to [-obs_clip, obs_clip].
     obs_clip: float = 10.0
@@ -65,6 +77,43 @@ class PolicyConfig:
             raise PolicyConfigError(f"obs_clip must be > 0, got {self.obs_clip}")
         if not self.min_log_std < self.max_log_std:
             raise PolicyConfigError(f"min_log_std {self.min_log_std} must be < max_log_std {self.max_log_std}")
+        if self.encoder not in ("auto", *ENCODERS):
+            raise PolicyConfigError(f"encoder {self.encoder!r} unknown; choose one of: auto, {', '.join(ENCODERS)}")
+        if not self.impala_channels or any(int(c) < 1 for c in self.impala_channels):
+            raise PolicyConfigError(f"impala_channels must be a non-empty list of positive ints, got "
+                                    f"{self.impala_channels}")  # fmt: skip
+
+    def check_specs(self, observation_spec: Spec, action_spec: Spec, prefix: str = "") -> str:
+        """The encoder for these specs (``auto`` resolved); raises ``PolicyConfigError`` naming the fix when the
+        settings do not fit them. ``ActorCritic`` calls it, and so does the trainer's config check before any
+        process starts (with the specs the env will have, and ``prefix="policy."`` for the field names)."""
+        self.validate()
+        if action_spec.is_discrete:
+            # The Gaussian's settings mean nothing for a categorical policy: a changed one is a config mistake.
+            defaults = PolicyConfig()
+            changed = [f"{prefix}{k}" for k in _GAUSSIAN_FIELDS if getattr(self, k) != getattr(defaults, k)]
+            if changed:
+                verb = "applies" if len(changed) == 1 else "apply"
+                raise PolicyConfigError(
+                    f"{', '.join(changed)} only {verb} to continuous (Gaussian) actions, and this env's actions are "
+                    f"discrete (a categorical policy); drop {' and '.join(changed)}"
+                )
+        shape, dtype = tuple(observation_spec.shape), observation_spec.dtype
+        try:
+            encoder = resolve_encoder(self.encoder, shape, dtype, prefix)
+        except EncoderError as e:
+            raise PolicyConfigError(str(e)) from None
+        if encoder == "mlp" and len(shape) == 3 and dtype == torch.uint8 and not self.normalize_obs:
+            # An MLP on frames works only with the normaliser: raw 0-255 pixels would swamp its orthogonal init.
+            raise PolicyConfigError(
+                f"{prefix}encoder=mlp on uint8 frames {list(shape)} needs {prefix}normalize_obs=true (else it sees "
+                f"raw 0-255 pixels); or use {prefix}encoder=auto (a CNN)"
+            )
+        return encoder
+
+
+#: PolicyConfig fields of the Gaussian policy (continuous actions only).
+_GAUSSIAN_FIELDS = ("init_log_std", "min_log_std", "max_log_std", "squash_mean")
 
 
 def _mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain: float) -> nn.Sequential:
@@ -126,16 +175,24 @@ class RunningNormalizer(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs; Gaussian (state-independent log-std) or categorical policy.
+    """Gaussian (state-independent log-std) or categorical policy, with a value head.
 
-    Shapes: ``obs`` ``[N, *obs_shape]`` float32 (raw, un-normalised); continuous ``actions`` ``[N, *act_shape]``
-    float32 (the unclipped Gaussian sample; the env clips); discrete ``actions`` ``[N]`` int64.
+    MLP encoder: separate actor and critic MLPs. CNN encoders (``nature_cnn``, ``impala_cnn``): one trunk (the
+    convolutions and ``hidden_sizes`` fully-connected layers) feeds a linear policy head and a linear value head.
+    Sharing is the Atari standard (A3C, IMPALA, CleanRL's ppo_atari): the convolutions are nearly all of the
+    compute, so a second trunk would double the cost of training and of every ``act`` (which skips the value head
+    anyway), and pixels need features both heads can use. The MLPs stay separate because they are cheap and on
+    continuous control separate networks train better (Andrychowicz et al. 2021, "What matters in on-policy RL").
+
+    Shapes: ``obs`` ``[N, *obs_shape]`` float32 (raw, un-normalised), or uint8 ``[N, C, H, W]`` frames (scaled by
+    1/255 inside; float frames are taken as already in [0, 1]); continuous ``actions`` ``[N, *act_shape]`` float32
+    (the unclipped Gaussian sample; the env clips); discrete ``actions`` ``[N]`` int64.
     """
 
     def __init__(self, observation_spec: Spec, action_spec: Spec, cfg: PolicyConfig | None = None):
         super().__init__()
         cfg = cfg if cfg is not None else PolicyConfig()
-        cfg.validate()
+        self.encoder = cfg.check_specs(observation_spec, action_spec)
         self.cfg = cfg
         self.obs_shape = tuple(observation_spec.shape)
         self.act_shape = tuple(action_spec.shape)
@@ -151,8 +208,17 @@ class ActorCritic(nn.Module):
                 raise PolicyConfigError(f"continuous action spec has empty shape {self.act_shape}")
         self.act_dim = out_dim
         hidden = [int(h) for h in cfg.hidden_sizes]
-        self.actor = _mlp(self.obs_dim, hidden, out_dim, cfg.activation, cfg.actor_out_gain)
-        self.critic = _mlp(self.obs_dim, hidden, 1, cfg.activation, cfg.critic_out_gain)
+        #: The shared CNN trunk (None for the MLP encoder): uint8 [N, C, H, W] -> float32 [N, hidden_sizes[-1]].
+        self.trunk: nn.Module | None = None
+        if self.encoder == "mlp":
+            self.actor = _mlp(self.obs_dim, hidden, out_dim, cfg.activation, cfg.actor_out_gain)
+            self.critic = _mlp(self.obs_dim, hidden, 1, cfg.activation, cfg.critic_out_gain)
+        else:
+            self.trunk = build_cnn_trunk(self.encoder, self.obs_shape, hidden, _ACTIVATIONS[cfg.activation],
+                                         [int(c) for c in cfg.impala_channels])  # fmt: skip
+            # Linear heads on the trunk's features (``_mlp`` without hidden layers: the same init gains).
+            self.actor = _mlp(hidden[-1], [], out_dim, cfg.activation, cfg.actor_out_gain)
+            self.critic = _mlp(hidden[-1], [], 1, cfg.activation, cfg.critic_out_gain)
         self.squash = False
         if not self.is_discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(cfg.init_log_std)))
@@ -163,7 +229,8 @@ class ActorCritic(nn.Module):
                     self.squash = True
                     self.register_buffer("action_center", (high + low) / 2)
                     self.register_buffer("action_half_range", (high - low) / 2)
-        self.normalizer = RunningNormalizer(self.obs_dim, cfg.obs_clip) if cfg.normalize_obs else None
+        use_normalizer = cfg.normalize_obs and self.trunk is None  # pixels are scaled by 1/255 in the trunk instead
+        self.normalizer = RunningNormalizer(self.obs_dim, cfg.obs_clip) if use_normalizer else None
         # Linear layers of each MLP, for the inference path (modules, not tensors: .to(), load_state_dict and deepcopy
         # stay safe).
         self._actor_linears = [layer for layer in self.actor if isinstance(layer, nn.Linear)]
@@ -171,6 +238,8 @@ class ActorCritic(nn.Module):
 
     # ----- helpers ------------------------------------------------------------------------------------------------
     def _features(self, obs: Tensor) -> Tensor:
+        if self.trunk is not None:
+            return self.trunk(obs)
         x = obs.reshape(obs.shape[0], self.obs_dim)
         if not x.is_floating_point():  # uint8 observations are stored as uint8 and converted only here
             x = x.float()

@@ -25,7 +25,14 @@ CONFIG_DIR = Path(sample_fast.configs.__file__).parent
 GROUPS = ("env", "algo", "sampler", "logging")
 ENV_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
 PYTHON = sys.executable
-PRESET_TASK = {"ant_v4": "ant"}  # presets whose name is not their task's
+PRESET_TASK = {"ant_v4": "ant", "pong": "Pong-v5", "breakout": "Breakout-v5", "atari": "SpaceInvaders-v5"}
+#: overrides a preset needs to resolve: env=atari takes the game from the command line
+PRESET_OVERRIDES = {"atari": ("env.name=SpaceInvaders-v5",)}
+ATARI_PRESETS = ("pong", "breakout", "atari")
+
+
+def _preset(env: str) -> list[str]:
+    return [f"env={env}", *PRESET_OVERRIDES.get(env, ())]
 
 
 def test_ant_v4_preset_is_ant_with_the_v4_options():
@@ -55,7 +62,7 @@ def _options(group: str) -> list[str]:
 
 def test_presets_are_the_issue_list():
     # the issue's presets, plus ant_v4 (Ant with gymnasium Ant-v4 semantics, for comparisons with peers)
-    assert set(ENV_PRESETS) == {"ant", "halfcheetah", "hopper", "walker2d", "humanoid", "toy", "ant_v4"}
+    assert set(ENV_PRESETS) == {"ant", "halfcheetah", "hopper", "walker2d", "humanoid", "toy", "ant_v4", *ATARI_PRESETS}
     for group in GROUPS:
         assert _options(group), f"config group {group} is empty"
 
@@ -63,6 +70,8 @@ def test_presets_are_the_issue_list():
 #: What each env preset resolves to on a 2-core CPU machine, written from the YAML files and resolve()'s rules
 #: (64 envs per core, 2 splits): (env.name, env.backend, env.num_envs, run.total_env_steps, sampler.rollout_len, batch).
 #: batch = rollout_len x num_envs / num_splits: 64 x 128 / 2 = 4096 (MuJoCo presets), 16 x 16 / 2 = 128 (toy).
+#: Atari: 16 envs per core (the CNN learner sets the pace) = 32, rollout 128 (sampler=long): 128 x 32 / 2 = 2048;
+#: backend auto = envpool, installed here.
 PRESET_RESOLVED = {
     "ant": ("ant", "mujoco", 128, 5_000_000, 64, 4096),
     "ant_v4": ("ant", "mujoco", 128, 5_000_000, 64, 4096),
@@ -71,13 +80,16 @@ PRESET_RESOLVED = {
     "walker2d": ("walker2d", "mujoco", 128, 5_000_000, 64, 4096),
     "humanoid": ("humanoid", "mujoco", 128, 20_000_000, 64, 4096),
     "toy": ("toy", "toy", 16, 100_000, 16, 128),
+    "pong": ("Pong-v5", "envpool", 32, 10_000_000, 128, 2048),
+    "breakout": ("Breakout-v5", "envpool", 32, 10_000_000, 128, 2048),
+    "atari": ("SpaceInvaders-v5", "envpool", 32, 10_000_000, 128, 2048),
 }
 
 
 @pytest.mark.parametrize("env", ENV_PRESETS)
 def test_every_preset_resolves_to_its_values(env):
     assert env in PRESET_RESOLVED, f"configs/env/{env}.yaml is new: add what it resolves to to PRESET_RESOLVED"
-    cfg = resolve(_compose(f"env={env}"), num_cores=2, cuda=False)
+    cfg = resolve(_compose(*_preset(env)), num_cores=2, cuda=False)
     name, backend, num_envs, total, rollout_len, batch = PRESET_RESOLVED[env]
     assert (cfg.env.name, cfg.env.backend, cfg.env.num_envs) == (name, backend, num_envs)
     assert (cfg.run.total_env_steps, cfg.sampler.rollout_len, batch_size(cfg)) == (total, rollout_len, batch)
@@ -87,7 +99,7 @@ def test_every_preset_resolves_to_its_values(env):
     assert cfg.env.options == preset_yaml["env"].get("options", {})
 
 
-@pytest.mark.parametrize("env", [e for e in ENV_PRESETS if e not in ("toy", "ant_v4")])
+@pytest.mark.parametrize("env", [e for e in ENV_PRESETS if e not in ("toy", "ant_v4", *ATARI_PRESETS)])
 def test_task_presets_build_the_gymnasium_task(env):
     """The resolved preset builds (the env's own checks) with gymnasium's spaces for that task (the reference)."""
     import gymnasium
@@ -128,14 +140,14 @@ def test_every_benchmark_preset_composes_and_resolves_to_its_values(preset):
 def test_every_group_option_composes_and_resolves(env):
     for group in ("algo", "sampler", "logging"):
         for option in _options(group):
-            cfg = resolve(_compose(f"env={env}", f"{group}={option}"), num_cores=2, cuda=False)
+            cfg = resolve(_compose(*_preset(env), f"{group}={option}"), num_cores=2, cuda=False)
             assert isinstance(cfg, TrainConfig)
             assert cfg.env.name == PRESET_TASK.get(env, env)
             assert cfg.env.num_envs % cfg.sampler.num_splits == 0
             assert batch_size(cfg) % cfg.learner.num_minibatches == 0
 
 
-@pytest.mark.parametrize("env", [e for e in ENV_PRESETS if e != "toy"])
+@pytest.mark.parametrize("env", [e for e in ENV_PRESETS if e not in ("toy", *ATARI_PRESETS)])
 def test_auto_sizes_cpu_and_gpu(env):
     # CPU, 2 cores: MuJoCo C, async, 64 envs per core, every core simulates, learner gets half the cores.
     cpu = resolve(_compose(f"env={env}"), num_cores=2, cuda=False)
@@ -245,7 +257,7 @@ def test_env_options_in_presets_are_accepted_by_the_env():
     from sample_fast.envs import make
 
     for env in ENV_PRESETS:
-        cfg = resolve(_compose(f"env={env}"), num_cores=2, cuda=False)
+        cfg = resolve(_compose(*_preset(env)), num_cores=2, cuda=False)
         if cfg.env.backend == "toy":
             with make("toy", 2, **cfg.env.options) as e:  # the env's own option check
                 assert e.max_episode_steps == cfg.env.options["max_episode_steps"]
@@ -253,6 +265,30 @@ def test_env_options_in_presets_are_accepted_by_the_env():
 
 BAD = [
     (["env.name=pong"], "env.name='pong' is unknown"),
+    (["env=atari"], "env.name is not set; pick a preset with env=<name>, or with env=atari a game: env.name=<Game>-v5"),
+    (["env=atari", "env.name=Pongg-v5"], "env.name='Pongg-v5': unknown Atari game 'Pongg-v5'; closest: Pong-v5"),
+    (["env=pong", "env.backend=mujoco"], "Atari game 'Pong-v5' runs on backends envpool, ale (got 'mujoco')"),
+    (["env=pong", "+env.options.sticky=0.1"], "unknown option(s) ['sticky'] for Atari game 'Pong-v5'"),
+    (["env=pong", "env.backend=ale", "+env.options.frame_skip=0"], "frame_skip must be a positive int, got 0"),
+    (
+        ["env=pong", "policy.init_log_std=-1.0"],
+        "policy.init_log_std only applies to continuous (Gaussian) actions, and this env's actions are discrete (a "
+        "categorical policy); drop policy.init_log_std (env Pong-v5)",
+    ),
+    (["env=breakout", "policy.squash_mean=false"], "policy.squash_mean only applies to continuous"),
+    (
+        ["env=pong", "policy.encoder=mlp"],  # the preset turns the normaliser off: raw 0-255 pixels into an MLP
+        "policy.encoder=mlp on uint8 frames [4, 84, 84] needs policy.normalize_obs=true",
+    ),
+    (
+        ["env=ant", "policy.encoder=impala_cnn"],
+        "policy.encoder=impala_cnn needs image observations [C, H, W]; 'ant' observes a state vector",
+    ),
+    (
+        ["env=toy", "env.options.kind=image", "~env.options.dim", "policy.encoder=nature_cnn"],
+        "policy.encoder=nature_cnn needs frames of at least 36x36",
+    ),
+    (["env=pong", "policy.encoder=vit"], "policy: encoder 'vit' unknown; choose one of: auto, mlp, nature_cnn"),
     (["env=ant", "env.backend=bullet"], "env.backend='bullet' is unknown"),
     (["env=toy", "env.backend=mujoco"], "env 'toy' runs only on backend 'toy'"),
     (["env=ant", "env.num_envs=-4"], "env.num_envs=-4 must be a non-negative int"),
@@ -497,3 +533,36 @@ def test_cli_rejects_bad_config_before_writing_anything(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "env.num_envs=10 must be divisible by sampler.num_splits=4; try env.num_envs=12" in proc.stderr
     assert list(tmp_path.iterdir()) == []  # no run dir, no hydra outputs/
+
+
+def test_atari_presets_are_cleanrl_ppo_atari():
+    """CleanRL's ppo_atari.py (v1.0) constants, written out: lr 2.5e-4 annealed, gamma 0.99, gae_lambda 0.95,
+    clip_coef 0.1 (ratio and value), ent_coef 0.01, vf_coef 0.5, max_grad_norm 0.5, update_epochs 4,
+    num_minibatches 4, num_steps 128; plus the Nature CNN's 512 ReLU units on pixels scaled by 1/255."""
+    for env in ATARI_PRESETS:
+        cfg = resolve(_compose(*_preset(env)), num_cores=2, cuda=False)
+        lrn, pol = cfg.learner, cfg.policy
+        assert (lrn.lr, lrn.lr_schedule, lrn.gamma, lrn.lam) == (2.5e-4, "linear", 0.99, 0.95), env
+        assert (lrn.clip_eps, lrn.value_clip, lrn.entropy_coef, lrn.value_coef) == (0.1, 0.1, 0.01, 0.5), env
+        assert (lrn.max_grad_norm, lrn.num_epochs, lrn.num_minibatches, lrn.kl_coef) == (0.5, 4, 4, 0.0), env
+        assert (cfg.sampler.rollout_len, lrn.recompute_targets) == (128, "batch"), env
+        assert (pol.encoder, pol.hidden_sizes, pol.activation, pol.normalize_obs) == ("auto", [512], "relu", False)
+        assert (cfg.env.device, cfg.run.mode, cfg.run.device) == ("cpu", "async", "cpu")
+        assert cfg.env.options == {}  # the env's v5 defaults: sticky actions 0.25, full games (no episodic life)
+        # Pong scores +-1, so raw rewards are sign-clipped ones; other games are scaled (no sign clipping yet)
+        assert lrn.scale_rewards == (env != "pong"), env
+
+
+def test_atari_sizes_follow_the_learner_device():
+    # CPU learner: 16 envs per core; CUDA learner (the emulator still on the CPU): 32 per core, async mode.
+    assert resolve(_compose("env=pong"), num_cores=2, cuda=False).env.num_envs == 32
+    assert resolve(_compose("env=pong"), num_cores=3, cuda=False).env.num_envs == 48
+    gpu = resolve(_compose("env=pong"), num_cores=8, cuda=True)
+    assert (gpu.env.num_envs, gpu.env.device, gpu.run.device, gpu.run.mode) == (256, "cpu", "cuda", "async")
+    fixed = resolve(_compose("env=pong", "env.num_envs=8", "env.backend=ale"), num_cores=2, cuda=False)
+    assert (fixed.env.num_envs, fixed.env.backend) == (8, "ale")
+
+
+def test_pong_with_an_mlp_policy_resolves_with_the_normaliser():
+    cfg = resolve(_compose("env=pong", "policy.encoder=mlp", "policy.normalize_obs=true"), num_cores=2, cuda=False)
+    assert cfg.policy.encoder == "mlp"

@@ -253,3 +253,31 @@ def test_close_releases_the_pool(backend):
     assert env._pool is None
     with pytest.raises(EnvError, match="closed"):
         env.step(_noop(2))
+
+
+def test_ale_rgb_frames_show_the_same_game():
+    """``rgb_frames=True`` (eval's videos): the RGB screen follows the game the observations show, and the twin
+    pool leaves those observations unchanged."""
+    import torch.nn.functional as F
+
+    actions = torch.randint(0, 6, (60, 2), generator=torch.Generator().manual_seed(0))
+    with make("Pong-v5", 2, backend="ale", seed=3) as plain, make("Pong-v5", 2, backend="ale", seed=3,
+                                                                   rgb_frames=True) as env:  # fmt: skip
+        assert torch.equal(plain.reset()[0], env.reset()[0])
+        screens = [env.render_rgb()]
+        for a in actions:
+            obs = env.step(a).obs
+            assert torch.equal(plain.step(a).obs, obs)
+            screens.append(env.render_rgb())
+        rgb = screens[-1]
+        assert rgb.shape == (2, 210, 160, 3) and rgb.dtype == np.uint8
+        assert not np.array_equal(screens[0], rgb)  # the game moved
+        # The newest observed frame is the screen in grey at 84x84: luminance (ITU-R 601) averaged down to 84x84
+        # correlates with it (not bit-equal: ALE's palette-to-grey table and its max over 2 frames).
+        lum = torch.from_numpy(rgb).float() @ torch.tensor([0.299, 0.587, 0.114])
+        small = F.interpolate(lum[:, None], size=(84, 84), mode="area")[:, 0]
+        for i in range(2):
+            corr = torch.corrcoef(torch.stack([small[i].flatten(), obs[i, -1].float().flatten()]))[0, 1]
+            assert corr > 0.9, corr
+    with make("Pong-v5", 1, backend="ale") as env, pytest.raises(EnvError, match="rgb_frames=True"):
+        env.render_rgb()

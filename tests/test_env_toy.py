@@ -199,3 +199,26 @@ def test_discrete_action_range_checked():
         env.reset()
         with pytest.raises(EnvError, match=r"\[0, 3\)"):
             env.step(torch.tensor([0, 3]))
+
+
+def test_image_kind_frames_and_rewards_by_column_band():
+    with make("toy", 64, kind="image", image_size=12, num_actions=4, max_episode_steps=3, seed=2) as env:
+        spec = env.observation_spec
+        assert spec.shape == (1, 12, 12) and spec.dtype == torch.uint8 and env.action_spec.num_actions == 4
+        assert env.random_return == 3 * 0.25 and env.optimal_return == 3.0
+        obs, _ = env.reset()
+        assert obs.shape == (64, 1, 12, 12) and obs.dtype == torch.uint8
+        assert torch.equal((obs == 255).sum(dim=(1, 2, 3)), torch.ones(64, dtype=torch.int64))  # one lit pixel
+        assert int(obs.sum()) == 64 * 255  # the rest black
+        col = (obs[:, 0] == 255).nonzero()[:, 2]  # rows of nonzero() come in env order: one per env
+        # 12 columns, 4 actions: columns 0-2 -> action 0, 3-5 -> 1, 6-8 -> 2, 9-11 -> 3
+        correct = torch.div(col, 3, rounding_mode="floor")
+        res = env.step(correct)
+        assert torch.equal(res.reward, torch.ones(64))
+        col = (res.obs[:, 0] == 255).nonzero()[:, 2]
+        res = env.step((torch.div(col, 3, rounding_mode="floor") + 1) % 4)  # always the wrong band
+        assert torch.equal(res.reward, torch.zeros(64))
+        res = env.step(torch.zeros(64, dtype=torch.int64))
+        assert res.truncated.all() and torch.equal(res.info["episode_length"], torch.full((64,), 3))
+    with pytest.raises(EnvError, match="image_size .* must be >= num_actions"):
+        make("toy", 1, kind="image", image_size=3, num_actions=4)

@@ -68,3 +68,30 @@ def test_eval_hopper_writes_a_playable_mp4(tmp_path, capsys):
 def test_eval_without_checkpoint_says_so(tmp_path, capsys):
     assert eval_mod.main([str(tmp_path)]) == 2
     assert "config.yaml not found" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_eval_pong_plays_the_game_and_writes_an_rgb_mp4(tmp_path, capsys):
+    """An Atari run: the mean return is Pong's raw score (an untrained policy loses: -21..-10 in a game to 21), and
+    the video holds the RGB screen (210x160, upscaled 2x), in colour."""
+    import imageio.v2 as imageio
+
+    rdir = tmp_path / "run"
+    _fresh_run(rdir, "env=pong", "env.num_envs=2")
+    video = tmp_path / "pong.mp4"
+    rc = eval_mod.main([str(rdir), "--episodes", "1", "--video", str(video), "--video-steps", "40"])
+    assert rc == 0
+    out, _ = capsys.readouterr()
+    assert -21 <= _mean_return(out) <= -10
+    m = re.search(r"video: .* \((\d+) frames, episode return (-?[\d.]+)\)", out)
+    assert m and int(m.group(1)) == 40  # a Pong game is far longer than 40 agent steps
+    reader = imageio.get_reader(str(video))
+    try:
+        assert reader.get_meta_data()["fps"] == 15  # 60 frames/s at frame skip 4
+        frame = reader.get_data(0)
+        num_frames = reader.count_frames()
+    finally:
+        reader.close()
+    assert frame.shape == (420, 320, 3) and num_frames == 40
+    # colour, not grey: Pong's brown field, its orange and green paddles (the channels differ)
+    assert abs(float(frame[..., 0].mean()) - float(frame[..., 2].mean())) > 20

@@ -3,6 +3,7 @@ torch.distributions and hand values, shapes/dtypes of ``act``, init, and state_d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -163,3 +164,177 @@ def test_fast_inference_path_matches_modules_after_copy_and_load(activation):
     assert not torch.allclose(pol.act(obs, deterministic=True)[0], clone.act(obs, deterministic=True)[0])
     pol.load_state_dict(clone.state_dict())
     torch.testing.assert_close(pol.act(obs, deterministic=True)[0], clone.act(obs, deterministic=True)[0])
+
+
+# ----- CNN encoders ---------------------------------------------------------------------------------------------
+FRAMES = Spec(shape=(4, 84, 84), dtype=torch.uint8)
+PONG = Spec(shape=(), dtype=torch.int64, num_actions=6)
+CNN_CFG = {
+    "nature_cnn": PolicyConfig(encoder="nature_cnn", hidden_sizes=[512], activation="relu"),
+    "impala_cnn": PolicyConfig(encoder="impala_cnn", hidden_sizes=[256], activation="relu"),
+}
+
+
+def _frames(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, 4, 84, 84), generator=g, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("encoder", ["nature_cnn", "impala_cnn"])
+def test_cnn_shapes_dtypes_and_shared_trunk(encoder):
+    torch.manual_seed(0)
+    pol = ActorCritic(FRAMES, PONG, CNN_CFG[encoder])
+    assert pol.encoder == encoder and pol.normalizer is None  # pixels are scaled, not normalised
+    obs = _frames(5)
+    actions, logp, values = pol.act(obs)
+    assert actions.shape == (5,) and actions.dtype == torch.int64 and 0 <= int(actions.min()) <= int(actions.max()) < 6
+    assert logp.shape == (5,) and logp.dtype == torch.float32 and values.shape == (5,)
+    assert pol.act(obs, with_value=False)[2] is None
+    target_logp, entropy, values2 = pol.evaluate(obs, actions)
+    assert target_logp.shape == entropy.shape == values2.shape == (5,)
+    torch.testing.assert_close(values2, values)
+    # One trunk, two linear heads: the value loss alone reaches the convolutions; the heads own nothing else.
+    assert isinstance(pol.actor[0], torch.nn.Linear) and len(pol.actor) == len(pol.critic) == 1
+    pol.value(obs).sum().backward()
+    first_conv = next(m for m in pol.trunk.modules() if isinstance(m, torch.nn.Conv2d))
+    assert first_conv.weight.grad is not None and first_conv.weight.grad.abs().sum() > 0
+    assert pol.actor[0].weight.grad is None
+
+
+def test_nature_cnn_is_the_papers_network():
+    """Mnih et al. 2015: 32 8x8/4, 64 4x4/2, 64 3x3/1, then 512 units; 84 -> 20 -> 9 -> 7, so 64 * 7 * 7 = 3136."""
+    torch.manual_seed(0)
+    pol = ActorCritic(FRAMES, PONG, CNN_CFG["nature_cnn"])
+    convs = [m for m in pol.trunk.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size, c.stride) for c in convs] == [(32, (8, 8), (4, 4)), (64, (4, 4), (2, 2)),
+                                                                          (64, (3, 3), (1, 1))]  # fmt: skip
+    fc = [m for m in pol.trunk.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(f.in_features, f.out_features) for f in fc] == [(3136, 512)]
+    # trunk: 4*32*64+32 + 32*64*16+64 + 64*64*9+64 + 3136*512+512 = 8,224 + 32,832 + 36,928 + 1,606,144
+    assert sum(p.numel() for p in pol.trunk.parameters()) == 1_684_128
+    # the forward written out with functional ops on the module's weights (x / 255, ReLU after every layer)
+    obs = _frames(3)
+    x = obs.float() / 255
+    for c in convs:
+        x = torch.relu(torch.nn.functional.conv2d(x, c.weight, c.bias, stride=c.stride))
+    feat = torch.relu(x.flatten(1) @ fc[0].weight.T + fc[0].bias)
+    logits = feat @ pol.actor[0].weight.T + pol.actor[0].bias
+    torch.testing.assert_close(pol.evaluate(obs, torch.zeros(3, dtype=torch.int64))[0],
+                               torch.log_softmax(logits, -1)[:, 0], rtol=1e-4, atol=1e-5)  # fmt: skip
+
+
+def test_impala_cnn_is_the_papers_network():
+    """Espeholt et al. 2018: 3 stacks (conv 3x3, max-pool 3x3/2, 2 residual blocks) of 16, 32, 32 channels:
+    84 -> 42 -> 21 -> 11, so 32 * 11 * 11 = 3872 features into 256 units; 15 convolutions."""
+    pol = ActorCritic(FRAMES, PONG, CNN_CFG["impala_cnn"])
+    convs = [m for m in pol.trunk.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 15 and [c.out_channels for c in convs] == [16] * 5 + [32] * 10
+    fc = [m for m in pol.trunk.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(f.in_features, f.out_features) for f in fc] == [(3872, 256)]
+
+
+@pytest.mark.parametrize("encoder", ["nature_cnn", "impala_cnn"])
+def test_cnn_logp_of_sampled_actions_is_log_softmax_gathered(encoder):
+    torch.manual_seed(1)
+    pol = ActorCritic(FRAMES, PONG, dataclasses.replace(CNN_CFG[encoder], actor_out_gain=1.0))
+    obs = _frames(64, seed=1)
+    actions, logp, _ = pol.act(obs)
+    with torch.no_grad():
+        log_probs = torch.log_softmax(pol.actor(pol.trunk(obs)), dim=-1)  # the modules, not act's fast path
+    torch.testing.assert_close(logp, log_probs.gather(1, actions[:, None]).squeeze(1), rtol=1e-5, atol=1e-5)
+    assert len(set(actions.tolist())) > 1  # gain 1: the samples are not all one action
+    target_logp, entropy, _ = pol.evaluate(obs, actions)
+    torch.testing.assert_close(target_logp, logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, -(log_probs.exp() * log_probs).sum(-1), rtol=1e-5, atol=1e-5)
+    det, det_logp, _ = pol.act(obs, deterministic=True)
+    assert torch.equal(det, log_probs.argmax(-1))
+
+
+@pytest.mark.parametrize("encoder", ["nature_cnn", "impala_cnn"])
+def test_cnn_uint8_frames_equal_float_frames_over_255(encoder):
+    torch.manual_seed(2)
+    pol = ActorCritic(FRAMES, PONG, dataclasses.replace(CNN_CFG[encoder], actor_out_gain=1.0))
+    obs = _frames(6, seed=2)
+    scaled = obs.float() / 255
+    a_u8, logp_u8, v_u8 = pol.act(obs, deterministic=True)
+    a_f, logp_f, v_f = pol.act(scaled, deterministic=True)
+    assert torch.equal(a_u8, a_f)
+    torch.testing.assert_close(logp_u8, logp_f)
+    torch.testing.assert_close(v_u8, v_f)
+    torch.testing.assert_close(pol.evaluate(obs, a_u8)[0], pol.evaluate(scaled, a_u8)[0])
+    # and the scale matters: raw 0-255 floats give other outputs
+    assert not torch.allclose(pol.value(obs.float()), v_u8)
+
+
+@pytest.mark.parametrize("encoder", ["nature_cnn", "impala_cnn"])
+def test_cnn_trains_under_bf16_autocast(encoder):
+    """The learner's bf16 option autocasts forward and backward (on CUDA; here CPU autocast, the same dtype rules):
+    outputs stay float32 and near the float32 ones, and every parameter gets a finite gradient."""
+    torch.manual_seed(3)
+    pol = ActorCritic(FRAMES, PONG, CNN_CFG[encoder])
+    obs, actions = _frames(4, seed=3), torch.tensor([0, 1, 2, 5])
+    ref = pol.evaluate(obs, actions)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        logp, entropy, values = pol.evaluate(obs, actions)
+        assert pol.trunk(obs).dtype == torch.bfloat16  # autocast is really on
+        loss = -logp.mean() - 0.01 * entropy.mean() + 0.5 * values.square().mean()
+    assert logp.dtype == entropy.dtype == values.dtype == torch.float32
+    # bf16 keeps 8 bits of mantissa: ~0.4% relative error per op
+    torch.testing.assert_close(logp, ref[0], rtol=0.05, atol=0.05)
+    torch.testing.assert_close(values, ref[2], rtol=0.05, atol=0.05)
+    loss.backward()
+    for name, p in pol.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_cnn_weights_round_trip_through_state_dict_and_deepcopy():
+    import copy
+
+    torch.manual_seed(4)
+    a = ActorCritic(FRAMES, PONG, CNN_CFG["nature_cnn"])
+    b = ActorCritic(FRAMES, PONG, CNN_CFG["nature_cnn"])
+    obs = _frames(3, seed=4)
+    assert not torch.allclose(a.value(obs), b.value(obs))
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(b.value(obs), a.value(obs))
+    torch.testing.assert_close(copy.deepcopy(a).value(obs), a.value(obs))
+    assert not any(k.startswith("normalizer") for k in a.state_dict())
+
+
+def test_auto_encoder_follows_the_observations():
+    assert ActorCritic(OBS, DISC).encoder == "mlp" and ActorCritic(OBS, DISC).trunk is None
+    assert ActorCritic(FRAMES, PONG, PolicyConfig(hidden_sizes=[32])).encoder == "nature_cnn"
+    small = Spec(shape=(1, 12, 12), dtype=torch.uint8)  # too small for Nature's 8x8/4 + 4x4/2 + 3x3 convolutions
+    assert ActorCritic(small, PONG, PolicyConfig(hidden_sizes=[32])).encoder == "impala_cnn"
+    # float frames are not pixels to auto (an MLP), but an explicit CNN takes them
+    float_frames = Spec(shape=(4, 84, 84), dtype=torch.float32)
+    assert ActorCritic(float_frames, PONG, PolicyConfig(hidden_sizes=[8])).encoder == "mlp"
+
+
+@pytest.mark.parametrize(
+    "obs_spec, act_spec, cfg, message",
+    [
+        (OBS, DISC, PolicyConfig(encoder="nature_cnn"), r"encoder=nature_cnn needs image observations \[C, H, W\]; "
+         r"this env's are \(5,\) torch.float32: use encoder=mlp"),
+        (Spec(shape=(1, 12, 12), dtype=torch.uint8), PONG, PolicyConfig(encoder="nature_cnn"),
+         r"needs frames of at least 36x36 .* these are 12x12: use encoder=impala_cnn"),
+        (FRAMES, PONG, PolicyConfig(encoder="resnet"), r"encoder 'resnet' unknown; choose one of: auto, mlp, "),
+        (FRAMES, PONG, PolicyConfig(init_log_std=-1.0), r"init_log_std only applies to continuous .*drop init_log_std"),
+        (OBS, DISC, PolicyConfig(squash_mean=False), r"squash_mean only applies to continuous"),
+        (FRAMES, PONG, PolicyConfig(encoder="mlp", normalize_obs=False),
+         r"encoder=mlp on uint8 frames \[4, 84, 84\] needs normalize_obs=true"),
+    ],
+)  # fmt: skip
+def test_policy_settings_that_do_not_fit_the_specs_are_rejected(obs_spec, act_spec, cfg, message):
+    with pytest.raises(PolicyConfigError, match=message):
+        ActorCritic(obs_spec, act_spec, cfg)
+
+
+def test_mlp_on_frames_with_the_normaliser_works():
+    """``policy.encoder=mlp`` on Atari frames is allowed (with normalize_obs): it flattens the 28,224 pixels."""
+    pol = ActorCritic(FRAMES, PONG, PolicyConfig(encoder="mlp", hidden_sizes=[16]))
+    obs = _frames(4)
+    pol.update_normalizer(obs)
+    actions, logp, _ = pol.act(obs)
+    assert pol.trunk is None and pol.actor[0].in_features == 4 * 84 * 84 and actions.shape == (4,)
+    torch.testing.assert_close(pol.evaluate(obs, actions)[0], logp)
