@@ -89,6 +89,10 @@ class LearnerConfig:
     scale_rewards: bool = True
     #: With scale_rewards, scaled rewards are clipped to [-reward_clip, reward_clip]; None disables it.
     reward_clip: float | None = 10.0
+    #: Clip the env's raw rewards to [-raw_reward_clip, raw_reward_clip] before anything else (Atari: 1.0, i.e.
+    #: Mnih et al. 2015's clipping of the game score; for integer scores that is sign(r)); None disables it. Only the
+    #: learner's rewards are clipped: the logged episode returns stay the raw game score.
+    raw_reward_clip: float | None = None
     #: Samples whose policy_version lags the learner by more than this are masked out of the loss; None = never.
     max_policy_lag: int | None = 100
     #: Consecutive non-finite updates (skipped) before rolling back to the last good state.
@@ -143,6 +147,10 @@ class LearnerConfig:
             raise LearnerConfigError(f"nonfinite_lr_backoff must be in (0, 1], got {self.nonfinite_lr_backoff}")
         if not 0 < self.lr_min <= self.lr_max:
             raise LearnerConfigError(f"need 0 < lr_min <= lr_max, got lr_min={self.lr_min}, lr_max={self.lr_max}")
+        if self.raw_reward_clip is not None and not self.raw_reward_clip > 0:
+            raise LearnerConfigError(
+                f"raw_reward_clip must be > 0 (e.g. 1.0 for Atari) or None, got {self.raw_reward_clip}"
+            )
         if self.max_policy_lag is not None and self.max_policy_lag < 0:
             raise LearnerConfigError(f"max_policy_lag must be >= 0 or None, got {self.max_policy_lag}")
         if self.replay_ratio:  # only a run with replay imports it (and torchrl)
@@ -355,7 +363,9 @@ class Learner:
         #    relative to the behaviour policy's statistics is corrected by V-trace's importance ratios). Rows
         #    0..T-1 only: row T is the next slot's row 0 and would be counted twice.
         self.policy.update_normalizer(data["obs"][:-1])
-        # 2. Reward scaling (statistics updated with this batch, then applied).
+        # 2. Raw reward clipping, then scaling (statistics updated with this batch, then applied).
+        if cfg.raw_reward_clip is not None:
+            rewards = rewards.clamp(-cfg.raw_reward_clip, cfg.raw_reward_clip)
         if cfg.scale_rewards:
             rewards = self.reward_scaler.scale(rewards, terminated | truncated)
             if cfg.reward_clip is not None:
@@ -374,8 +384,9 @@ class Learner:
             from sample_fast.replay import frozen_reward_scale
 
             scale = None
-            if cfg.scale_rewards:
-                scale = functools.partial(frozen_reward_scale, scaler=self.reward_scaler, clip=cfg.reward_clip)
+            if cfg.scale_rewards or cfg.raw_reward_clip is not None:  # replayed rewards get what fresh ones get
+                scale = functools.partial(frozen_reward_scale, scaler=self.reward_scaler if cfg.scale_rewards else None,
+                                          clip=cfg.reward_clip, raw_clip=cfg.raw_reward_clip)  # fmt: skip
             data, rewards, mask, weights = self.replay.join(data, rewards, mask, replayed, self.policy_version, scale)
             weights = weights.reshape(-1)
         num_epochs = cfg.num_epochs

@@ -403,11 +403,17 @@ class TrajectoryReplay:
         return data, rewards, mask, weights
 
 
-def frozen_reward_scale(rewards: Tensor, scaler: Any, clip: float | None) -> Tensor:
-    """Scale replayed raw rewards ``[T, n]`` with the learner's CURRENT return statistics without updating them.
+def frozen_reward_scale(rewards: Tensor, scaler: Any, clip: float | None, raw_clip: float | None = None) -> Tensor:
+    """Replayed raw rewards ``[T, n]`` as the learner treats fresh ones: clipped to ``raw_clip`` first (if set),
+    then scaled with the learner's CURRENT return statistics without updating them (``scaler`` None: no scaling,
+    and ``clip`` is not applied, as for fresh rewards without ``scale_rewards``).
 
     The scaler's per-env discounted-return accumulators follow the fresh env columns; replayed columns must not
     advance them (nor count twice in the running variance).
     """
+    if raw_clip is not None:
+        rewards = rewards.clamp(-raw_clip, raw_clip)
+    if scaler is None:
+        return rewards
     scaled = rewards / math.sqrt(scaler.var + scaler.eps)
     return scaled.clamp(-clip, clip) if clip is not None else scaled

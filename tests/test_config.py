@@ -549,8 +549,8 @@ def test_atari_presets_are_cleanrl_ppo_atari():
         assert (pol.encoder, pol.hidden_sizes, pol.activation, pol.normalize_obs) == ("auto", [512], "relu", False)
         assert (cfg.env.device, cfg.run.mode, cfg.run.device) == ("cpu", "async", "cpu")
         assert cfg.env.options == {}  # the env's v5 defaults: sticky actions 0.25, full games (no episodic life)
-        # Pong scores +-1, so raw rewards are sign-clipped ones; other games are scaled (no sign clipping yet)
-        assert lrn.scale_rewards == (env != "pong"), env
+        # CleanRL's reward clipping: the raw score change clipped to [-1, 1], no scaling
+        assert (lrn.raw_reward_clip, lrn.scale_rewards) == (1.0, False), env
 
 
 def test_atari_sizes_follow_the_learner_device():

@@ -363,6 +363,33 @@ def test_train_moves_policy_toward_advantaged_actions():
     assert learner.policy_version == 10 and learner.env_steps == 10 * 16 * 32
 
 
+def test_raw_reward_clip_clips_the_env_rewards_before_scaling():
+    """learner.raw_reward_clip (Atari: 1.0) clamps the raw rewards the loss sees, before any scaling; replayed rewards
+    get the same treatment (frozen_reward_scale); the batch itself (what the logs and replay keep) is untouched."""
+    from sample_fast.replay import frozen_reward_scale
+
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, PolicyConfig(hidden_sizes=[8]))
+    learner = Learner(policy, LearnerConfig(raw_reward_clip=1.0, scale_rewards=False), vtrace_fn=_torch_vtrace)
+    batch = make_batch(policy, num_steps=8, num_envs=6, seed=0, version=learner.policy_version)
+    raw = torch.zeros(8, 6)
+    raw[0, :6] = torch.tensor([5.0, -3.0, 0.5, 1.0, -1.0, 7.0])
+    batch["rewards"] = raw.clone()
+    prep = learner._prepare(batch)
+    # clamp(x, -1, 1) by hand: 5 -> 1, -3 -> -1, 7 -> 1, the rest unchanged
+    expected = torch.zeros(8, 6)
+    expected[0, :6] = torch.tensor([1.0, -1.0, 0.5, 1.0, -1.0, 1.0])
+    assert torch.equal(prep.rewards, expected)
+    assert torch.equal(prep.fresh["rewards"], raw)  # the raw score stays what replay keeps
+    assert torch.equal(frozen_reward_scale(raw, None, clip=10.0, raw_clip=1.0), prep.rewards)
+    # with scaling on too: clipped first, then divided by the (frozen) return std
+    scaler = learner.reward_scaler
+    scaler.var = 4.0
+    assert torch.allclose(frozen_reward_scale(raw, scaler, clip=None, raw_clip=1.0), prep.rewards / 2.0, atol=1e-6)
+    with pytest.raises(LearnerConfigError, match="raw_reward_clip"):
+        LearnerConfig(raw_reward_clip=0.0).validate()
+
+
 def test_nan_rewards_skip_updates_then_roll_back_with_lower_lr():
     torch.manual_seed(0)
     policy = ActorCritic(OBS, CONT, SMALL)
