@@ -127,13 +127,7 @@ class AleEnv(AtariEnvBase):
         return self._to_torch(obs, torch.uint8), {"lives": self._to_torch(self._lives, torch.int64)}
 
     def _send(self, actions: torch.Tensor) -> None:
-        try:
-            if self._needs_reset:
-                raise EnvError(f"call reset() before the first step of {self!r}")
-            host = self._host_actions(actions, np.int64)
-        except EnvError:
-            self._pending = None  # the failed send leaves nothing pending
-            raise
+        host = self._send_actions(actions, np.int64)
         # PERF: returns once ale-py's threads have the actions.
         self._pool.send(host)
         if self._rgb_pool is not None:

@@ -158,6 +158,16 @@ class AtariEnvBase(BatchedEnv):
     def _set_num_actions(self, num_actions: int) -> None:
         self.action_spec = Spec(shape=(), dtype=torch.int64, num_actions=int(num_actions))
 
+    def _send_actions(self, actions: torch.Tensor, dtype: type) -> np.ndarray:
+        """The checked host copy of ``actions`` for a backend's ``_send``; a rejected send leaves nothing pending."""
+        try:
+            if self._needs_reset:
+                raise EnvError(f"call reset() before the first step of {self!r}")
+            return self._host_actions(actions, dtype)
+        except EnvError:
+            self._pending = None
+            raise
+
     def _host_actions(self, actions: torch.Tensor, dtype: type) -> np.ndarray:
         host = actions.detach().cpu().numpy().astype(dtype, copy=False)  # SYNC: device -> host
         # Checked even with check_actions off: EnvPool indexes its action table with it unchecked (a C++ vector

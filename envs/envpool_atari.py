@@ -95,13 +95,7 @@ class EnvPoolAtariEnv(AtariEnvBase):
         return self._to_torch(obs, torch.uint8), {"lives": self._to_torch(self._lives, torch.int64)}
 
     def _send(self, actions: torch.Tensor) -> None:
-        try:
-            if self._needs_reset:
-                raise EnvError(f"call reset() before the first step of {self!r}")
-            host = self._host_actions(actions, np.int32)
-        except EnvError:
-            self._pending = None  # the failed send leaves nothing pending
-            raise
+        host = self._send_actions(actions, np.int32)
         self._fresh = False
         # PERF: returns once EnvPool has queued the actions; its threads emulate while the caller works.
         self._pool.send(host, self._all_ids)
