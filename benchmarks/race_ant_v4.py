@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sample_fast.benchmark.sample_factory_peer import INSTALL_HINT, kill_tree, repo_root
-from sample_fast.procs import pid_alive, shm_entries
+from sample_fast.procs import pid_alive, proc_stats, shm_entries
 from sample_fast.train import git_revision
 
 CONTENDERS = ("sf", "ours")
@@ -286,19 +286,8 @@ def verdict(ours: Sequence[RunResult], sf: Sequence[RunResult], max_ratio: float
 def session_pids(sid: int) -> list[int]:
     """Every live process of session ``sid`` (our children run in their own session, so this finds grandchildren
     that were re-parented to init as well)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # fields after the command name: state ppid pgrp session ...
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            out.append(int(entry))
-    return out
+    # fields after the command name: state ppid pgrp session ...
+    return [pid for pid, (_, fields) in proc_stats().items() if fields[0] != "Z" and int(fields[3]) == sid]
 
 
 _TORCH_SHM = re.compile(r"torch_(\d+)_")  # torch's shared-memory files: /dev/shm/torch_<creator pid>_<...>

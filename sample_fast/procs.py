@@ -202,14 +202,40 @@ def read_text(path: str | Path, limit: int = 20000) -> str:
         return ""
 
 
-def pid_alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
+def proc_stat(pid: int) -> tuple[str, list[str]] | None:
+    """``(command name, fields after it)`` of /proc/<pid>/stat, or None if the process is gone or unreadable.
+
+    The name may contain spaces and parentheses, so the fields are those after the LAST ')': ``fields[0]`` state,
+    ``[1]`` ppid, ``[2]`` pgrp, ``[3]`` session, ``[11]`` utime, ``[12]`` stime (stat(5) fields 3, 4, 5, 6, 14, 15).
+    """
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0] != "Z"
-    except (OSError, IndexError):
-        return False
+            text = f.read()
+    except OSError:
+        return None
+    head, sep, tail = text.rpartition(")")
+    if not sep:
+        return None
+    return head[head.find("(") + 1 :], tail.split()
+
+
+def proc_stats() -> dict[int, tuple[str, list[str]]]:
+    """``proc_stat`` of every process readable now (pid -> (name, fields)); empty where there is no /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    out = {}
+    for entry in entries:
+        if entry.isdigit() and (stat := proc_stat(int(entry))) is not None:
+            out[int(entry)] = stat
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    stat = proc_stat(pid)
+    return stat is not None and bool(stat[1]) and stat[1][0] != "Z"
 
 
 def rss_bytes(pid: int | None = None) -> int:
@@ -226,13 +252,11 @@ def rss_bytes(pid: int | None = None) -> int:
 
 def cpu_seconds(pid: int | None = None) -> float:
     """User + system CPU seconds of ``pid`` (all its threads) from /proc/<pid>/stat; 0.0 if unavailable."""
-    try:
-        with open(f"/proc/{pid or os.getpid()}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15 of stat)
-    except (OSError, IndexError, ValueError):
+    stat = proc_stat(pid or os.getpid())
+    if stat is None or len(stat[1]) < 13:
         return 0.0
+    fields = stat[1]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (stat fields 14, 15)
 
 
 def shm_entries() -> set[str]:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sample_fast.procs import proc_stat, proc_stats
+
 
 class Skip(Exception):  # noqa: N818 -- a control-flow signal, not an error
     """A case that cannot run here (missing package, incompatible setting). The message says how to enable it."""
@@ -213,17 +215,8 @@ def run_isolated(fn: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (children first found through /proc), deepest last."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses; fields after the last ')' are fixed.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+    for child, (_, fields) in proc_stats().items():
+        children.setdefault(int(fields[1]), []).append(child)  # fields[1]: ppid
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -257,15 +250,13 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        if state == "Z":  # a zombie is dead; reap it if it is ours
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            return False
-        return True
-    except OSError:
+    stat = proc_stat(pid)
+    if stat is None or not stat[1]:
         return False
+    if stat[1][0] == "Z":  # a zombie is dead; reap it if it is ours
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        return False
+    return True

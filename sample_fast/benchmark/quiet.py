@@ -13,6 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sample_fast.procs import proc_stats
+
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -30,20 +32,8 @@ def _cpu_times() -> tuple[int, int] | None:
 
 def _proc_cpu() -> dict[int, tuple[int, str]]:
     """pid -> (utime + stime jiffies, command name) for every live process."""
-    out: dict[int, tuple[int, str]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        name = text[text.find("(") + 1 : text.rfind(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        # after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
-        out[int(entry)] = (int(fields[11]) + int(fields[12]), name)
-    return out
+    return {pid: (int(fields[11]) + int(fields[12]), name) for pid, (name, fields) in proc_stats().items()
+            if len(fields) > 12}  # fmt: skip
 
 
 def cmdline(pid: int, limit: int = 160) -> str:
