@@ -265,3 +265,33 @@ def shm_entries() -> set[str]:
         return set(os.listdir("/dev/shm"))
     except OSError:
         return set()
+
+
+def mapped_shm() -> set[str]:
+    """/dev/shm names that some live process has mapped (in use by someone, so not leaked)."""
+    names: set[str] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return names
+    for pid in filter(str.isdigit, entries):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                names.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line)
+        except (OSError, IndexError):
+            pass
+    return names
+
+
+def leaked_shm(before: set[str], prefixes: tuple[str, ...], wait_s: float = 2.0) -> set[str]:
+    """/dev/shm entries with one of ``prefixes`` created since ``before`` that no live process maps: leaked.
+
+    Entries other programs create meanwhile are mapped by their live owners and are not counted. Waits up to
+    ``wait_s`` for entries that are still being released (a process that just exited unlinks them last).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        new = {n for n in shm_entries() - before if n.startswith(prefixes)} - mapped_shm()
+        if not new or time.monotonic() >= deadline:
+            return new
+        time.sleep(0.1)

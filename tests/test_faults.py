@@ -26,10 +26,11 @@ from hydra import compose, initialize_config_module
 
 import sample_fast.train as train_mod
 from sample_fast import cli
+from sample_fast.benchmark.measure import descendants
 from sample_fast.checkpoint import CheckpointManager, read_checkpoint_file
 from sample_fast.config import ConfigError, LogConfig
 from sample_fast.logger import ProgressLogger, read_csv
-from sample_fast.procs import pid_alive, shm_entries
+from sample_fast.procs import leaked_shm, pid_alive, shm_entries
 
 PYTHON = sys.executable
 QUIET = ("logging.progress=off", "logging.interval_s=0.05", "logging.tensorboard=false", "logging.plot=false")
@@ -42,43 +43,9 @@ def _cfg(*overrides: str):
         return compose("train", overrides=["env=toy", *overrides])
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (the sampler, multiprocessing's resource tracker)."""
-    children: dict[int, list[int]] = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _mapped_shm() -> set[str]:
-    names = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            for line in Path(maps).read_text().splitlines():
-                if "/dev/shm/" in line:
-                    names.add(line.rsplit("/dev/shm/", 1)[1].split(" ")[0])
-        except OSError:
-            continue
-    return names
-
-
 def _leaked_shm(before: set[str]) -> set[str]:
     """Entries created since ``before`` that no live process maps (concurrent unrelated runs map theirs)."""
-    for _ in range(30):
-        new = {n for n in shm_entries() - before if n.startswith(SHM_PREFIXES)} - _mapped_shm()
-        if not new:
-            return new
-        time.sleep(0.1)
-    return new
+    return leaked_shm(before, SHM_PREFIXES, wait_s=3.0)
 
 
 def _start(tmp_path: Path, *args: str, log_name: str = "stderr.txt") -> tuple[subprocess.Popen, Path, Path]:
@@ -134,7 +101,7 @@ def test_signal_to_the_process_group_saves_and_leaves_nothing(tmp_path, sig, sta
     proc, rdir, log_path = _start(tmp_path, "run.mode=async")
     with _reaped(proc):
         _wait_rows(proc, rdir, log_path)
-        procs = _descendants(proc.pid)
+        procs = descendants(proc.pid)  # the sampler, multiprocessing's resource tracker
         assert len(procs) >= 2, "expected the sampler and the resource tracker"  # both are in the group
         # the sampler's stack-dump file has no name on disk: nothing to leave in /tmp after a kill -9
         dumps = [os.readlink(fd) for p in (proc.pid, *procs) for fd in glob.glob(f"/proc/{p}/fd/*")

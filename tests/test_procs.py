@@ -38,3 +38,24 @@ def test_cpu_seconds_of_this_process_grows_and_is_zero_for_a_missing_pid():
         x += i
     assert cpu_seconds() > before
     assert cpu_seconds(2**22 + 12345) == 0.0  # above the default pid_max: no such process
+
+
+def test_leaked_shm_counts_new_unmapped_entries_only():
+    import mmap
+
+    from sample_fast.procs import leaked_shm, mapped_shm, shm_entries
+
+    before = shm_entries()
+    name = f"psm_sftest_{os.getpid()}"
+    path = f"/dev/shm/{name}"
+    with open(path, "wb") as f:
+        f.write(b"\0" * 4096)
+    try:
+        assert leaked_shm(before, ("psm_sftest_",), wait_s=0.0) == {name}  # new, nobody maps it
+        assert leaked_shm(before | {name}, ("psm_sftest_",), wait_s=0.0) == set()  # there before: not new
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096) as mapped:
+            assert name in mapped_shm()
+            assert leaked_shm(before, ("psm_sftest_",), wait_s=0.0) == set()  # mapped by a live process
+            mapped[0] = 1
+    finally:
+        os.unlink(path)

@@ -19,7 +19,7 @@ import torch
 from sample_fast.envs.toy import ToyEnv
 from test_sampler import ACTION_STEP, LOG_STD, VersionPolicy, check_batch, toy_env
 
-from sample_fast.procs import SharedRngState, pid_alive, shm_entries
+from sample_fast.procs import SharedRngState, leaked_shm, pid_alive, shm_entries
 from sample_fast.runner import Runner, SamplerError
 from sample_fast.sampler import SamplerConfig
 
@@ -108,28 +108,10 @@ def _runner(mode: str, env_fn=None, delay_s: float = 0.0, **cfg_kw) -> tuple[Run
     return runner, hooks
 
 
-def _mapped_shm() -> set[str]:
-    """/dev/shm names some live process has mapped (in use by someone, so not leaked)."""
-    names = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                names.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line)
-        except (OSError, IndexError):
-            pass
-    return names
-
-
 def _new_shm(before: set[str]) -> set[str]:
-    """Entries created since ``before`` that nobody maps: leaked. Concurrent, unrelated test runs create and use
-    their own entries meanwhile; those are mapped by their (live) owners and are not counted."""
+    """Entries created since ``before`` that nobody maps: leaked (concurrent test runs map their own)."""
     gc.collect()
-    for _ in range(20):
-        new = {n for n in shm_entries() - before if n.startswith(OUR_SHM_PREFIXES)} - _mapped_shm()
-        if not new:
-            return new
-        time.sleep(0.1)
-    return new
+    return leaked_shm(before, OUR_SHM_PREFIXES, wait_s=2.0)
 
 
 def _check_run(runner, hooks, summary, total, start=0):
