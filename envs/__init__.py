@@ -11,7 +11,8 @@ env (or ``gymnasium:<module>:<id>``, which imports the module that registers it 
 and Atari games as ``<Game>-v5`` (``Pong-v5``, ``SpaceInvaders-v5``: ``sample_fast.envs.atari``). The episode
 convention is in ``sample_fast.envs.base``; ``sample_fast.envs.adapters`` wraps any BatchedEnv as a gymnasium
 VectorEnv, a TorchRL EnvBase or an Isaac-style VecTask. ``check_options`` checks options the way a backend's
-constructor does, without building anything (the trainer's config check uses it).
+constructor does, without building anything (the trainer's config check uses it). Importing this package registers
+gymnasium ids (``gymnasium.make_vec("sample_fast/Ant-v5", num_envs=64)``; ``sample_fast.envs.registration``).
 Backends import lazily, so ``import sample_fast.envs`` never pulls in JAX, EnvPool or ale-py.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import atari
+from . import atari, registration
 from .base import BatchedEnv, EnvError, OptionError, Spec, StepResult, UnknownOptionError
 from .tasks import TASKS
 
@@ -217,3 +218,7 @@ def _with_owners(error: UnknownOptionError, backend: str) -> UnknownOptionError:
         return error
     taken = "; ".join(f"{k} is an option of backend {' and '.join(map(repr, b))}" for k, b in owners.items())
     return UnknownOptionError(f"{error} ({taken}, not of {backend!r})", error.unknown, error.valid, owners, error.hint)
+
+
+# gymnasium ids (sample_fast/Ant-v5, sample_fast/Toy-v0, sample_fast/Pong-v5, ...): envs/registration.py
+registration.register_all()
