@@ -1,16 +1,22 @@
-"""Wrappers that let other RL ecosystems drive any ``BatchedEnv``: gymnasium 1.x, TorchRL and Isaac Gym/rl_games.
+"""Wrappers that let other RL ecosystems drive any ``BatchedEnv``: gymnasium 1.x, TorchRL, Stable-Baselines3 and
+Isaac Gym/rl_games.
 
 Owns only the conversion between our contract (``envs.base``: torch tensors, same-step auto-reset, true next
-observation in ``info["final_obs"]``, ``terminated``/``truncated`` separate) and each ecosystem's own:
+observation in ``info["final_obs"]``, ``terminated``/``truncated`` separate, per-env reset on demand) and each
+ecosystem's own:
 
-* ``GymnasiumVectorEnv``: a ``gymnasium.vector.VectorEnv`` (numpy in/out, ``AutoresetMode.SAME_STEP``; final
-  observations in ``info["final_obs"]`` as gymnasium's ``SyncVectorEnv`` puts them). ``GymnasiumSingleEnv`` is a
-  plain ``gymnasium.Env`` over a one-env batch (for ``gymnasium.utils.env_checker.check_env`` and single-env code).
-* ``TorchRLEnv``: a ``torchrl.envs.EnvBase`` with ``batch_size=[N]`` (TensorDict in/out, ``"_reset"`` masks).
+* ``GymnasiumVectorEnv``: a ``gymnasium.vector.VectorEnv`` (numpy in/out; ``AutoresetMode.SAME_STEP`` or
+  ``NEXT_STEP``; ``info`` laid out as gymnasium's ``SyncVectorEnv`` lays it out in that mode; ``reset_mask``).
+  ``GymnasiumSingleEnv`` is a plain ``gymnasium.Env`` over a one-env batch (for ``check_env`` and single-env code).
+  Both are registered with gymnasium as ``sample_fast/<Task>`` ids (``envs.registration``).
+* ``TorchRLEnv``: a ``torchrl.envs.EnvBase`` with ``batch_size=[N]`` (TensorDict in/out, ``"_reset"`` masks, also on
+  running envs: ``StepCounter``, ``max_frames_per_traj``).
+* ``SB3VecEnv``: a Stable-Baselines3 ``VecEnv`` (``terminal_observation``, ``TimeLimit.truncated``).
 * ``VecTaskEnv``: Isaac Gym's ``VecTask`` interface (``obs_buf``/``rew_buf``/``reset_buf``,
-  ``extras["time_outs"]``), which rl_games-style training code drives.
+  ``extras["time_outs"]``, fresh tensors each step), which rl_games-style training code drives.
 
-The adapters never step physics themselves and import TorchRL only when ``TorchRLEnv`` is first used.
+The adapters never step physics themselves and import TorchRL and Stable-Baselines3 only when ``TorchRLEnv`` /
+``SB3VecEnv`` is first used.
 """
 
 from __future__ import annotations

@@ -552,6 +552,34 @@ def _check_gymnasium_vector(ns: dict, rec: _StepRecorder, new_envs: list, out: s
     np.testing.assert_allclose(ns["returns"], expected_returns.numpy(), rtol=1e-5)
 
 
+def _check_gymnasium_make_vec(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    from sample_fast.envs.mujoco_env import MujocoEnv
+
+    (env,) = new_envs
+    assert isinstance(env, MujocoEnv) and env.num_envs == 4 and env.max_episode_steps == 50
+    adapter = ns["envs"].env
+    assert isinstance(adapter, GymnasiumVectorEnv) and adapter.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    steps = rec.steps[env]
+    assert len(steps) == 60
+    ended = [(s.terminated | s.truncated, s.truncated, s.info["episode_length"]) for s in steps]
+    assert sum(int(d.sum()) for d, _, _ in ended) > 0  # hopper falls under random actions
+    assert all(bool((length[d] <= 50).all() and (length[t] == 50).all()) for d, t, length in ended)
+    # NormalizeObservation saw the reset's 4 observations and 4 per step; its output is normalized by them
+    assert ns["envs"].obs_rms.count == pytest.approx(1e-4 + 4 * 61)
+    raw = (ns["obs"] * np.sqrt(ns["envs"].obs_rms.var + 1e-8) + ns["envs"].obs_rms.mean).astype(np.float32)
+    np.testing.assert_allclose(raw, steps[-1].info["final_obs"].numpy(), rtol=0, atol=1e-4)
+
+
+def _check_sb3(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    (env,) = new_envs
+    model, steps = ns["model"], rec.steps[env]
+    assert model.num_timesteps == 256 and len(steps) == 32
+    # SB3 logged exactly the episodes the env finished (toy: every episode truncated at 5 steps)
+    finished = [float(r) for s in steps for r in s.info["episode_return"][s.truncated]]
+    assert [e["l"] for e in model.ep_info_buffer] == [5] * len(finished) and len(finished) == 8 * 6
+    np.testing.assert_allclose([e["r"] for e in model.ep_info_buffer], finished, rtol=1e-6)
+
+
 def _check_gymnasium_single(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
     (env,) = new_envs
     last = rec.steps[env][-1]
@@ -624,9 +652,11 @@ def _check_domain_randomization(ns: dict, rec: _StepRecorder, new_envs: list, ou
 #: One check per ```python block of docs/wrappers.md, in page order.
 DOC_CHECKS = [
     _check_gymnasium_vector,
+    _check_gymnasium_make_vec,
     _check_gymnasium_single,
     _check_torchrl,
     _check_vectask,
+    _check_sb3,
     _check_custom_robot,
     _check_custom_robot_mjx,
     _check_domain_randomization,
@@ -657,10 +687,10 @@ def _run_doc_blocks(include_mjx: bool, monkeypatch, capsys) -> int:
 
 @pytest.mark.timeout(120)
 def test_docs_examples_run(monkeypatch, capsys):
-    assert _run_doc_blocks(include_mjx=False, monkeypatch=monkeypatch, capsys=capsys) == 6
+    assert _run_doc_blocks(include_mjx=False, monkeypatch=monkeypatch, capsys=capsys) == 8
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_docs_examples_run_mjx(monkeypatch, capsys):
-    assert _run_doc_blocks(include_mjx=True, monkeypatch=monkeypatch, capsys=capsys) == 7
+    assert _run_doc_blocks(include_mjx=True, monkeypatch=monkeypatch, capsys=capsys) == 9
