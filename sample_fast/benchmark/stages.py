@@ -23,6 +23,7 @@ import torch
 from sample_fast import wiring
 from sample_fast.config import EnvConfig
 from sample_fast.envs import TASKS, BatchedEnv, EnvError
+from sample_fast.envs.atari import is_atari_name
 from sample_fast.learner import LearnerConfig
 from sample_fast.policy import PolicyConfig
 from sample_fast.runner import Runner
@@ -58,6 +59,11 @@ def compatible(backend: str, env: str) -> str | None:
     """None if ``backend`` can run ``env``, else the reason it cannot."""
     if (backend == "toy") != (env == "toy"):
         return "the toy backend runs only the toy env (and the toy env only the toy backend)"
+    atari = is_atari_name(env)
+    if atari and backend not in ("envpool", "ale"):
+        return "Atari games run on the envpool and ale backends (gymnasium's ALE pipeline is the gymnasium_sync peer)"
+    if backend == "ale" and not atari:
+        return "the ale backend runs Atari games (<Game>-v5) only"
     return None
 
 
