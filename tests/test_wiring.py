@@ -62,7 +62,9 @@ def test_build_store_sizes_the_side_table_from_truncation_limit():
 
 def test_build_learner_restores_weights_and_counters():
     env = make("toy", 2)
-    policy_fn = functools.partial(wiring.build_policy, env.observation_spec, env.action_spec, PolicyConfig(hidden_sizes=[8]))
+    policy_fn = functools.partial(
+        wiring.build_policy, env.observation_spec, env.action_spec, PolicyConfig(hidden_sizes=[8])
+    )
     torch.manual_seed(0)
     first = wiring.build_learner(policy_fn(), LearnerConfig(), "cpu", total_env_steps=1000)
     first.policy_version = 7
