@@ -84,7 +84,8 @@ def train_sb3(steps: int, task: str = "hopper", num_envs: int = 8, seed: int = 0
     seconds = time.perf_counter() - t0
     out = {"before": before, "after": evaluate(act, task, **options), "steps": int(model.num_timesteps)}
     env.close()
-    return {**out, "seconds": seconds}
+    settings = {"rollout": n_steps, "epochs": 10, "minibatch": min(256, n_steps * num_envs), "net": "64x64 tanh"}
+    return {**out, "seconds": seconds, "settings": settings}
 
 
 # ----- skrl 2.x --------------------------------------------------------------------------------------------------
@@ -176,7 +177,8 @@ def train_skrl(steps: int, task: str = "hopper", num_envs: int = 8, seed: int = 
     seconds = time.perf_counter() - t0
     out = {"before": before, "after": evaluate(act, task, **options), "steps": steps // num_envs * num_envs}
     env.close()
-    return {**out, "seconds": seconds}
+    settings = {"rollout": rollouts, "epochs": 10, "minibatch": rollouts * num_envs // 4, "net": "64x64 tanh"}
+    return {**out, "seconds": seconds, "settings": settings}
 
 
 # ----- rl_games ----------------------------------------------------------------------------------------------------
@@ -204,7 +206,8 @@ def register_rl_games(name: str, creator: Callable[[], Any]) -> None:
     env_configurations.register(name, {"vecenv_type": "SAMPLE_FAST", "env_creator": lambda **kwargs: creator()})
 
 
-def rl_games_config(name: str, num_envs: int, horizon: int, max_epochs: int, seed: int, train_dir: str) -> dict:
+def rl_games_config(name: str, num_envs: int, horizon: int, max_epochs: int, seed: int, train_dir: str,
+                    minibatch: int, mini_epochs: int) -> dict:  # fmt: skip
     return {"params": {
         "seed": seed,
         "algo": {"name": "a2c_continuous"},
@@ -223,8 +226,9 @@ def rl_games_config(name: str, num_envs: int, horizon: int, max_epochs: int, see
             "normalize_advantage": True, "gamma": 0.99, "tau": 0.95, "learning_rate": 3e-4, "lr_schedule": "adaptive",
             "kl_threshold": 0.008, "score_to_win": 1e9, "max_epochs": max_epochs, "save_best_after": 10**9,
             "save_frequency": 0, "print_stats": False, "grad_norm": 1.0, "entropy_coef": 0.0, "truncate_grads": True,
-            "e_clip": 0.2, "horizon_length": horizon, "minibatch_size": min(256, horizon * num_envs),
-            "mini_epochs": 10, "critic_coef": 2, "clip_value": True, "seq_length": 4, "bounds_loss_coef": 0.0001,
+            "e_clip": 0.2, "horizon_length": horizon, "minibatch_size": minibatch,
+            "mini_epochs": mini_epochs, "critic_coef": 2, "clip_value": True, "seq_length": 4,
+            "bounds_loss_coef": 0.0001,
         },
     }}  # fmt: skip
 
@@ -239,7 +243,9 @@ def train_rl_games(steps: int, task: str = "hopper", num_envs: int = 8, seed: in
     epochs = max(1, steps // (horizon * num_envs))
     with tempfile.TemporaryDirectory(prefix="sf-rl-games-") as train_dir:
         runner = Runner()
-        runner.load(rl_games_config(name, num_envs, horizon, epochs, seed, train_dir))
+        # rl_games' minibatch updates dominate its wall time on this CPU: fewer, larger ones keep the suite short
+        minibatch, mini_epochs = horizon * num_envs // 2, 5
+        runner.load(rl_games_config(name, num_envs, horizon, epochs, seed, train_dir, minibatch, mini_epochs))
         agent = runner.algo_factory.create(runner.algo_name, base_name="run", params=runner.params)
 
         def act(obs: torch.Tensor) -> torch.Tensor:
@@ -256,7 +262,8 @@ def train_rl_games(steps: int, task: str = "hopper", num_envs: int = 8, seed: in
             after = evaluate(act, task, **options)
         frames = int(agent.frame)
         agent.vec_env.env.close()
-    return {"before": before, "after": after, "steps": frames, "seconds": seconds}
+    settings = {"rollout": horizon, "epochs": mini_epochs, "minibatch": minibatch, "net": "64x64 tanh"}
+    return {"before": before, "after": after, "steps": frames, "seconds": seconds, "settings": settings}
 
 
 # ----- TorchRL -----------------------------------------------------------------------------------------------------
@@ -280,6 +287,7 @@ def train_torchrl(steps: int, task: str = "hopper", num_envs: int = 8, seed: int
                                     torch.nn.Tanh(), torch.nn.Linear(64, 1))  # fmt: skip
     critic = ValueOperator(value_net, in_keys=["observation"])
     frames_per_batch = max(64, min(2048, steps // 4 // num_envs * num_envs))
+    epochs, minibatch = 5, max(64, frames_per_batch // 2)  # as rl_games: fewer, larger minibatches
     collector = Collector(env, actor, frames_per_batch=frames_per_batch, total_frames=steps)
     advantage = GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=True)
     loss = ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_coeff=0.0)
@@ -298,8 +306,8 @@ def train_torchrl(steps: int, task: str = "hopper", num_envs: int = 8, seed: int
         with torch.no_grad():
             advantage(batch)  # bootstraps from ("next", "observation"): the true next observation at truncations
         flat = batch.reshape(-1)
-        for _ in range(10):
-            for idx in torch.randperm(flat.numel()).split(256):
+        for _ in range(epochs):
+            for idx in torch.randperm(flat.numel()).split(minibatch):
                 losses = loss(flat[idx])
                 total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
                 optim.zero_grad()
@@ -312,7 +320,8 @@ def train_torchrl(steps: int, task: str = "hopper", num_envs: int = 8, seed: int
     with torch.no_grad():
         after = evaluate(act, task, **options)
     env.close()
-    return {"before": before, "after": after, "steps": frames, "seconds": seconds}
+    settings = {"rollout": frames_per_batch // num_envs, "epochs": epochs, "minibatch": minibatch, "net": "64x64 tanh"}
+    return {"before": before, "after": after, "steps": frames, "seconds": seconds, "settings": settings}
 
 
 TRAINERS = {"sb3": train_sb3, "skrl": train_skrl, "rl_games": train_rl_games, "torchrl": train_torchrl}
@@ -326,17 +335,19 @@ def _markdown(data: dict) -> str:
         f"{data['num_envs']} envs, backend mujoco, seed {data['seed']}; returns: mean over one episode of each of 8 "
         "eval envs (seed 123), deterministic policy. Env steps/s: the whole training loop (policy + learning + env).",
         "",
-        "| client | version | return before | return after | env steps | wall s | env steps/s | CPU busy before |",
-        "|---|---|---|---|---|---|---|---|",
+        "| client | version | return before | return after | env steps | wall s | env steps/s | CPU busy before | "
+        "rollout x epochs x minibatch |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in data["clients"].items():
         if "error" in r:
             lines.append(f"| {name} | {r.get('version')} | error: {r['error']} | | | | |")
             continue
-        busy = r.get("quiet", {}).get("busy_fraction")
+        busy, cfg = r.get("quiet", {}).get("busy_fraction"), r.get("settings", {})
         busy_s = "?" if busy is None or busy != busy else f"{busy:.0%}"
         lines.append(f"| {name} | {r['version']} | {r['before']:.1f} | {r['after']:.1f} | {r['steps']} | "
-                     f"{r['seconds']:.1f} | {r['steps_per_s']:.0f} | {busy_s} |")  # fmt: skip
+                     f"{r['seconds']:.1f} | {r['steps_per_s']:.0f} | {busy_s} | {cfg.get('rollout')} x "
+                     f"{cfg.get('epochs')} x {cfg.get('minibatch')} |")  # fmt: skip
     return "\n".join(lines)
 
 
