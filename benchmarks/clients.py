@@ -12,7 +12,9 @@ on small budgets: tests/test_clients.py):
 * ``skrl``: skrl 2.x PPO in the loop that hands it ``final_obs`` as the next observation (``skrl_loop``: skrl's own
   ``SequentialTrainer`` passes the auto-reset observation, so truncations would bootstrap from the next episode);
 * ``rl_games``: rl_games' ``Runner`` (a2c_continuous) on ``VecTaskEnv`` registered as its vecenv;
-* ``torchrl``: TorchRL's ``Collector`` + ``ClipPPOLoss`` + ``GAE`` on ``TorchRLEnv``.
+* ``torchrl``: TorchRL's ``Collector`` + ``ClipPPOLoss`` + ``GAE`` on ``TorchRLEnv``;
+* ``cleanrl``: a CleanRL-style PPO loop on ``gymnasium.make_vec("sample_fast/Hopper-v5")`` (NEXT_STEP) with
+  gymnasium's vector wrappers (``NormalizeObservation``, ``NormalizeReward``, ...).
 
 Recorded per client: the mean return of its policy (deterministic: the mean action) over one episode of each of 8
 evaluation envs (seed 123) before and after training, the env steps trained, the wall time and the env steps/s of
@@ -39,7 +41,7 @@ from sample_fast.envs import BatchedEnv, make
 from sample_fast.benchmark import harness
 
 RESULTS = Path(__file__).resolve().parent / "results" / "clients"
-CLIENTS = ("sb3", "skrl", "rl_games", "torchrl")
+CLIENTS = ("sb3", "skrl", "rl_games", "torchrl", "cleanrl")
 EVAL_SEED = 123
 
 Act = Callable[[torch.Tensor], torch.Tensor]  # observations [N, obs] float32 -> deterministic actions [N, act]
@@ -324,7 +326,103 @@ def train_torchrl(steps: int, task: str = "hopper", num_envs: int = 8, seed: int
     return {"before": before, "after": after, "steps": frames, "seconds": seconds, "settings": settings}
 
 
-TRAINERS = {"sb3": train_sb3, "skrl": train_skrl, "rl_games": train_rl_games, "torchrl": train_torchrl}
+# ----- a CleanRL-style loop on gymnasium.make_vec -------------------------------------------------------------------
+def train_cleanrl(steps: int, task: str = "hopper", num_envs: int = 8, seed: int = 0, **options: Any) -> dict:
+    """CleanRL's ppo_continuous_action loop, unchanged in spirit: ``gymnasium.make_vec`` on our registered id
+    (NEXT_STEP,
+    its default) with CleanRL's gymnasium vector wrappers (episode statistics, action clipping, observation and
+    reward normalization). Like CleanRL it treats a truncation as a termination (its own approximation)."""
+    import gymnasium as gym
+    import sample_fast.envs  # noqa: F401 (registers the sample_fast/* ids)
+    from sample_fast.envs.tasks import TASKS
+
+    torch.manual_seed(seed)
+    w = gym.wrappers.vector
+    envs = gym.make_vec(f"sample_fast/{TASKS[task].gymnasium_id}", num_envs=num_envs, backend="mujoco", seed=seed,
+                        num_threads=1, **options)  # fmt: skip
+    envs = w.RecordEpisodeStatistics(envs)
+    envs = w.ClipAction(envs)
+    norm = envs = w.NormalizeObservation(envs)
+    envs = w.TransformObservation(envs, lambda o: np.clip(o, -10, 10), None)
+    envs = w.NormalizeReward(envs, gamma=0.99)
+    envs = w.TransformReward(envs, lambda r: np.clip(r, -10, 10))
+    n_obs, n_act = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+
+    def mlp(out: int) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(n_obs, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+                                   torch.nn.Tanh(), torch.nn.Linear(64, out))  # fmt: skip
+
+    actor, critic, log_std = mlp(n_act), mlp(1), torch.nn.Parameter(torch.zeros(n_act))
+    params = [*actor.parameters(), *critic.parameters(), log_std]
+    optim = torch.optim.Adam(params, lr=3e-4, eps=1e-5)
+    num_steps, epochs, minibatch, gamma, lam = max(8, min(256, steps // num_envs)), 10, 256, 0.99, 0.95
+
+    def act(obs: torch.Tensor) -> torch.Tensor:  # the eval env's raw observations, normalized as in training
+        rms = norm.obs_rms
+        o = ((obs.numpy() - rms.mean) / np.sqrt(rms.var + 1e-8)).clip(-10, 10)
+        return actor(torch.as_tensor(o, dtype=torch.float32))
+
+    with torch.no_grad():
+        before = evaluate(act, task, **options)
+    t0 = time.perf_counter()
+    next_obs = torch.as_tensor(envs.reset(seed=seed)[0], dtype=torch.float32)
+    next_done = torch.zeros(num_envs)
+    frames = 0
+    for _ in range(max(1, steps // (num_steps * num_envs))):
+        buf = {k: [] for k in ("obs", "act", "logp", "rew", "done", "val")}
+        for _ in range(num_steps):
+            with torch.no_grad():
+                mean = actor(next_obs)
+                dist = torch.distributions.Normal(mean, log_std.exp())
+                a = dist.sample()
+                buf["obs"].append(next_obs)
+                buf["act"].append(a)
+                buf["logp"].append(dist.log_prob(a).sum(-1))
+                buf["val"].append(critic(next_obs)[:, 0])
+                buf["done"].append(next_done)
+            obs, reward, term, trunc, _ = envs.step(a.numpy())
+            buf["rew"].append(torch.as_tensor(reward, dtype=torch.float32))
+            next_obs = torch.as_tensor(obs, dtype=torch.float32)
+            next_done = torch.as_tensor(term | trunc, dtype=torch.float32)
+            frames += num_envs
+        b = {k: torch.stack(v) for k, v in buf.items()}
+        with torch.no_grad():
+            adv, last = torch.zeros_like(b["rew"]), 0.0
+            next_value = critic(next_obs)[:, 0]
+            for t in reversed(range(num_steps)):
+                nonterminal = 1.0 - (next_done if t == num_steps - 1 else b["done"][t + 1])
+                value_next = next_value if t == num_steps - 1 else b["val"][t + 1]
+                delta = b["rew"][t] + gamma * value_next * nonterminal - b["val"][t]
+                adv[t] = last = delta + gamma * lam * nonterminal * last
+            ret = adv + b["val"]
+        flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in {**b, "adv": adv, "ret": ret}.items()}
+        for _ in range(epochs):
+            for idx in torch.randperm(flat["rew"].numel()).split(minibatch):
+                dist = torch.distributions.Normal(actor(flat["obs"][idx]), log_std.exp())
+                ratio = (dist.log_prob(flat["act"][idx]).sum(-1) - flat["logp"][idx]).exp()
+                a_ = flat["adv"][idx]
+                a_ = (a_ - a_.mean()) / (a_.std() + 1e-8)
+                pg = torch.max(-a_ * ratio, -a_ * ratio.clamp(0.8, 1.2)).mean()
+                v_loss = 0.5 * (critic(flat["obs"][idx])[:, 0] - flat["ret"][idx]).square().mean()
+                optim.zero_grad()
+                (pg + 0.5 * v_loss).backward()
+                torch.nn.utils.clip_grad_norm_(params, 0.5)
+                optim.step()
+    seconds = time.perf_counter() - t0
+    with torch.no_grad():
+        after = evaluate(act, task, **options)
+    envs.close()
+    settings = {"rollout": num_steps, "epochs": epochs, "minibatch": minibatch, "net": "64x64 tanh"}
+    return {"before": before, "after": after, "steps": frames, "seconds": seconds, "settings": settings}
+
+
+TRAINERS = {
+    "sb3": train_sb3,
+    "skrl": train_skrl,
+    "rl_games": train_rl_games,
+    "torchrl": train_torchrl,
+    "cleanrl": train_cleanrl,
+}
 
 
 def _markdown(data: dict) -> str:
@@ -369,7 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet = harness.check_quiet_from_args(args)
     import importlib.metadata
 
-    versions = {"sb3": "stable-baselines3", "skrl": "skrl", "rl_games": "rl_games", "torchrl": "torchrl"}
+    versions = {"sb3": "stable-baselines3", "skrl": "skrl", "rl_games": "rl_games", "torchrl": "torchrl",
+                "cleanrl": "gymnasium"}  # fmt: skip
     data: dict[str, Any] = {
         "task": args.task, "steps_per_client": args.steps, "num_envs": args.num_envs, "seed": args.seed,
         "quiet": quiet, "machine": harness.machine_record(quiet), "clients": {},

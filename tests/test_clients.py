@@ -238,3 +238,12 @@ def test_torchrl_ppo_recipe_runs(load_bench):
     clients = load_bench("clients")
     r = clients.train_torchrl(256, task="hopper", num_envs=4, max_episode_steps=20)
     assert r["steps"] == 256 and np.isfinite(r["after"])
+
+
+@pytest.mark.timeout(120)
+def test_cleanrl_style_loop_on_make_vec(load_bench):
+    """A CleanRL-style PPO loop runs unchanged on gymnasium.make_vec("sample_fast/Hopper-v5") with gymnasium's
+    vector wrappers (NormalizeObservation and friends need NEXT_STEP, make_vec's default)."""
+    clients = load_bench("clients")
+    r = clients.train_cleanrl(256, task="hopper", num_envs=4, max_episode_steps=20)
+    assert r["steps"] == 256 and np.isfinite(r["after"])
