@@ -71,10 +71,11 @@ def build_env(env_cfg: EnvConfig, num_envs: int, seed: int = 0):
 
 
 def on_cpu_simulator(env_cfg: EnvConfig) -> EnvConfig:
-    """The same env on the CPU: an mjx config becomes the MuJoCo C one (same task definition, model options and
-    specs), without its MJX-only options (precision, solver, xla_opt_level, ...), which the mujoco backend rejects."""
+    """The same env on the CPU: an mjx or warp config becomes the MuJoCo C one (same task definition, model options
+    and specs), without its backend-only options (precision, solver, xla_opt_level, nconmax, ...), which the mujoco
+    backend rejects."""
     cfg = EnvConfig(**{**asdict(env_cfg), "device": "cpu"})
-    if env_cfg.backend == "mjx":
+    if env_cfg.backend in ("mjx", "warp"):
         from .envs.mujoco_env import BACKEND_OPTIONS
         from .envs.tasks import COMMON_OPTIONS, TASKS
 
