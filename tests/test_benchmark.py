@@ -199,7 +199,7 @@ def test_plan_enumerates_cases_and_skips_incompatible():
 @pytest.mark.parametrize(
     "field, value, listed",
     [
-        ("backends", ["mujoco", "nope"], "mujoco, envpool, mjx, gymnasium, toy"),
+        ("backends", ["mujoco", "nope"], "mujoco, envpool, mjx, warp, gymnasium, toy"),
         ("envs", ["antt"], "ant"),
         ("stages", ["envs"], "env, inference, train"),
         ("peers", ["sf"], "sample_factory"),
@@ -221,12 +221,12 @@ def test_cli_unknown_backend_exits_2_with_list():
         cwd=ROOT,
     )
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "unknown backend(s) ['nope']; choose from: mujoco, envpool, mjx, gymnasium, toy" in out.stderr
+    assert "unknown backend(s) ['nope']; choose from: mujoco, envpool, mjx, warp, gymnasium, toy" in out.stderr
 
 
 def test_presets_compose():
     gpu = compose_cfg("preset=gpu")
-    assert (gpu.backends, gpu.device, gpu.num_envs) == (["mjx"], "cuda", [1024, 4096, 16384, 65536])
+    assert (gpu.backends, gpu.device, gpu.num_envs) == (["mjx", "warp"], "cuda", [4096, 16384, 65536])
     assert gpu.stages == ["env", "inference", "train"]
     cpu = compose_cfg("preset=cpu")
     assert (cpu.num_envs, cpu.sample_factory.env_steps, cpu.peers) == ([64, 256], 200000, BenchmarkConfig().peers)

@@ -3,9 +3,9 @@ agreement with the ``mujoco`` backend (MuJoCo C, float64) from the same state an
 (auto-reset, terminated vs truncated, final_obs, seeded determinism, per-world reset), buffer overflow errors, bad
 input, and the ``auto`` backend choice.
 
-Building a Warp env compiles its kernels (~5-20 s per model on 2 cores the first time) into the kernel cache under
-.cache/warp, which later runs (and CI, which keeps that folder) load in about a second. Each model is built once
-per module (fixtures); more envs of an already built model in this process reuse the loaded kernels.
+Building a Warp env compiles its kernels (~5-30 s per model on 2 cores the first time) into the kernel cache under
+.cache/warp, which later runs (and CI, which keeps that folder) load in a second or two: with a warm cache the
+agreement tests take 1-6 s each. More envs of an already built model in one process reuse the loaded kernels.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def compare_with_mujoco_backend(env, actions, seed, obs_atol, obs_rtol, rew_atol
     """Step the ``mujoco`` backend from the warp env's reset state with the same actions; compare every step.
     Returns the per-step max |obs difference|."""
     user = {k: v for k, v in env.options.items() if k not in warp_env.WARP_OPTIONS}
-    diffs = []
+    diffs, rew_diffs = [], []
     with make(env.name, env.num_envs, backend="mujoco", seed=0, num_threads=1, **user) as ref:
         if newton:  # humanoid.xml's PGS: the warp backend runs Newton (env.deviations); so does the reference
             ref.model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
@@ -58,6 +58,7 @@ def compare_with_mujoco_backend(env, actions, seed, obs_atol, obs_rtol, rew_atol
         for t, a in enumerate(actions):
             r, r_ref = env.step(a), ref.step(a)
             diffs.append(float((r.obs - r_ref.obs).abs().max()))
+            rew_diffs.append(float((r.reward - r_ref.reward).abs().max()))
             np.testing.assert_allclose(
                 r.obs.numpy(), r_ref.obs.numpy(), atol=obs_atol, rtol=obs_rtol, err_msg=f"step {t}"
             )
@@ -66,7 +67,7 @@ def compare_with_mujoco_backend(env, actions, seed, obs_atol, obs_rtol, rew_atol
             )
             assert torch.equal(r.terminated, r_ref.terminated) and torch.equal(r.truncated, r_ref.truncated)
             assert not (r.terminated | r.truncated).any(), "the window must stay inside one episode"
-    print(env.name, "max |obs diff| per step", np.array(diffs))
+    print(env.name, "max |obs diff| per step", np.array(diffs), "max |reward diff|", max(rew_diffs))
     return diffs
 
 
@@ -104,40 +105,60 @@ def test_specs_and_sizes(hopper):
 # ----- agreement with the mujoco backend ------------------------------------------------------------------------
 @pytest.mark.timeout(300)
 def test_hopper_agrees_with_mujoco_backend():
-    # Hopper (RK4, planar, foot contacts from ~step 5): float32 MJWarp vs float64 MuJoCo C, the same Newton solver.
-    # Measured over 24 steps: max |obs diff| 1e-5 at step 1, <= 4e-3 by step 24 (obs up to ~10: clipped qvel);
-    # reward diff <= 1e-3. Bounds a few times that; a semantic error (frame_skip, dt, obs slice, reward term)
-    # moves values by >= 0.1 from the first steps, which the tight first-step check catches too.
+    # Hopper (RK4, planar, foot contacts): float32 MJWarp vs float64 MuJoCo C, the same Newton solver. Measured
+    # over 24 steps: max |obs diff| 1.2e-7 at step 1, <= 1.6e-5 by step 24 (obs up to ~10: clipped qvel); reward
+    # diff <= 1.6e-6. Bounds ~10x that: float32 roundoff through 96 physics steps; a semantic error (frame_skip, dt, obs
+    # slice, reward term) moves values by >= 1e-2 from the first steps.
     env = make_warp("hopper", terminate_when_unhealthy=False, max_episode_steps=100)
     try:
-        diffs = compare_with_mujoco_backend(env, random_actions(24, NUM_ENVS, 3, seed=5), 21, 2e-2, 1e-2, 1e-2)
-        assert diffs[0] < 1e-3
+        diffs = compare_with_mujoco_backend(env, random_actions(24, NUM_ENVS, 3, seed=5), 21, 2e-4, 1e-5, 2e-5)
+        assert diffs[0] < 1e-5
     finally:
         env.close()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ant_elliptic_agrees_with_mujoco_backend():
     # Ant (RK4, free joint, cfrc_ext in the obs, contacts of all geoms). The elliptic cone, as for MJX: a pyramidal
     # cone's edges follow each contact's tangent frame, which MJWarp builds differently from MuJoCo C for
-    # capsule-plane contacts. 20 steps through the first foot contacts.
+    # capsule-plane contacts (test_ant_default_pyramidal_cone_differs). 20 steps through the first foot contacts
+    # (step 4 on). Measured: max |obs diff| 2.9e-6 at step 1, <= 1.8e-3 through step 20 (obs: qpos[2:], qvel up to
+    # ~10, clipped cfrc_ext); reward diff <= 8.3e-5. Bounds ~10x.
     env = make_warp("ant", cone="elliptic", terminate_when_unhealthy=False, max_episode_steps=100, seed=2)
     try:
-        compare_with_mujoco_backend(env, random_actions(20, NUM_ENVS, 8, seed=5), 21, 5e-2, 2e-2, 2e-2)
+        compare_with_mujoco_backend(env, random_actions(20, NUM_ENVS, 8, seed=5), 21, 2e-2, 1e-3, 1e-3)
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(600)
+def test_humanoid_agrees_with_mujoco_backend():
+    # Humanoid (348-dim obs with cinert, cvel, qfrc_actuator, cfrc_ext; values up to ~1e3). MJWarp has no PGS, so
+    # both run Newton. Measured over 20 steps: max |obs diff| 1.1e-5 at step 1, <= 1.0e-2 (a cfrc_ext entry) through
+    # step 20; reward diff <= 1.5e-5. Bounds ~5-10x.
+    env = make_warp("humanoid", 2, terminate_when_unhealthy=False, max_episode_steps=100, seed=2)
+    try:
+        assert env.deviations and "PGS -> Newton" in env.deviations[0]
+        compare_with_mujoco_backend(env, random_actions(20, 2, 17, seed=5), 21, 5e-2, 1e-3, 2e-4, newton=True)
     finally:
         env.close()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_humanoid_agrees_with_mujoco_backend():
-    # Humanoid (348-dim obs with cinert, cvel, qfrc_actuator, cfrc_ext; values up to ~1e3). MJWarp has no PGS, so
-    # both run Newton.
-    env = make_warp("humanoid", 2, terminate_when_unhealthy=False, max_episode_steps=100, seed=2)
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="default Ant model (pyramidal friction cone): as MJX, MJWarp builds a capsule-plane contact's tangent frame "
+    "differently from MuJoCo C, and the pyramid's edges follow those tangents, so the feet's friction forces differ "
+    "from the first foot contact on. Measured (seed 21, 3 worlds): obs agree to 5e-6 for steps 1-3 (no contact), then "
+    "differ by 0.69 at step 4 and O(1-5) later; reward by up to 1.6. With cone='elliptic' the same 20 steps agree "
+    "to <= 1.8e-3 (test_ant_elliptic_agrees_with_mujoco_backend).",
+)
+def test_ant_default_pyramidal_cone_differs():
+    env = make_warp("ant", terminate_when_unhealthy=False, max_episode_steps=100, seed=2)
     try:
-        assert env.deviations and "PGS -> Newton" in env.deviations[0]
-        compare_with_mujoco_backend(env, random_actions(20, 2, 17, seed=5), 21, 5e-2, 2e-2, 2e-2, newton=True)
+        compare_with_mujoco_backend(env, random_actions(20, NUM_ENVS, 8, seed=5), 21, 2e-2, 1e-3, 1e-2)
     finally:
         env.close()
 
@@ -391,3 +412,43 @@ def test_auto_backend_picks_warp_on_cuda_only(monkeypatch):
     monkeypatch.setattr(envs, "_WARP_IMPORTS", False)  # as on a machine where it does not import
     assert resolve_backend("ant", "auto", torch.device("cuda")) == "mjx"
     assert resolve_backend("ant", "warp", torch.device("cpu")) == "warp"
+
+
+# ----- the trainer ---------------------------------------------------------------------------------------------------
+def test_trainer_config_resolves_warp_like_mjx():
+    from hydra import compose, initialize_config_module
+
+    from sample_fast.config import resolve
+    from sample_fast.train import on_cpu_simulator
+
+    with initialize_config_module("sample_fast.configs", version_base="1.3"):
+        cfg = compose("train", overrides=["env=hopper", "env.backend=warp", "+env.options.nconmax=64"])
+    cpu = resolve(cfg, num_cores=2, cuda=False)  # the simulator on the CPU: async, as mjx there
+    assert (cpu.env.backend, cpu.env.device, cpu.run.mode) == ("warp", "cpu", "async")
+    gpu = resolve(cfg, num_cores=8, cuda=True)  # on the GPU: serial, sim, inference and learning on one device
+    assert (gpu.env.backend, gpu.env.device, gpu.run.mode, gpu.env.num_envs) == ("warp", "cuda", "serial", 4096)
+    probe = on_cpu_simulator(cpu.env)  # the spec probe runs MuJoCo C without the warp-only options
+    assert probe.backend == "mujoco" and "nconmax" not in probe.options
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_trainer_runs_with_the_warp_backend(tmp_path):
+    import subprocess
+
+    from sample_fast.logger import read_csv
+
+    env = {**os.environ, "WARP_CACHE_PATH": CACHE_DIR}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sample_fast.train", "env=hopper", "env.backend=warp", "env.num_envs=8",
+         "run.total_env_steps=512", "sampler.rollout_len=32", "run.mode=serial", f"run.dir={tmp_path}",
+         "logging.progress=plain"],
+        capture_output=True, text=True, timeout=280, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_csv(str(tmp_path / "progress.csv"))
+    assert rows and rows[-1]["env_steps"] >= 512
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(tmp_path / "config.yaml")
+    assert (cfg.env.backend, cfg.env.device, cfg.run.mode) == ("warp", "cpu", "serial")
