@@ -61,7 +61,7 @@ for stage in env inference train; do
     section "suite $stage $backend" "$limit" "$PY" -m sample_fast.benchmark preset=gpu "stages=[$stage]" \
       "backends=[$backend]" "++backend_options.warp.kernel_cache_dir=$WARP_CACHE" \
       "out_dir=$OUT_DIR" "out_name=gpu_${stage}_$backend" \
-      "title=sample_fast GPU suite: $stage stage, $backend" progress=false $SIZES "$@"
+      "title=sample_fast GPU suite: $stage stage on $backend" progress=false $SIZES "$@"
   done
 done
 if [ -f benchmarks/bench_advantages.py ]; then

@@ -311,7 +311,6 @@ class WarpEnv(BatchedEnv):
         self.cuda_graph = False
         self._in_flight = False
         self._needs_reset = True
-        self._overflow_event: Any = None
         t0 = time.perf_counter()
         self._warm_up()
         self.compile_s = time.perf_counter() - t0
@@ -496,10 +495,10 @@ class WarpEnv(BatchedEnv):
             self._seed = int(seed)
             self._seed_worlds(self._seed)
         with self._device_scope():
-            obs = self._reset_all().clone()
+            self._reset_all()
         self._sync()  # SYNC: reset is rare; hand the caller finished tensors
         self._needs_reset = False
-        return obs, {}
+        return self._obs.clone(), {}  # cloned on the caller's stream, after the sync
 
     def _reset_envs(self, env_mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Reset only the worlds where ``env_mask`` (bool ``[N]`` on the env's device) is True, each from its own
@@ -519,9 +518,8 @@ class WarpEnv(BatchedEnv):
             self._position.copy_(torch.where(mask[:, None], fresh_pos, self._position))
             self._ep_return.masked_fill_(mask, 0.0)
             self._ep_length.masked_fill_(mask, 0)
-            obs = self._obs.clone()
         self._sync()
-        return obs, {}
+        return self._obs.clone(), {}
 
     def _send(self, actions: torch.Tensor) -> None:
         if self._needs_reset:
@@ -530,6 +528,7 @@ class WarpEnv(BatchedEnv):
         if self.device.type == "cuda":
             caller = torch.cuda.current_stream(self.device)
             self._stream.wait_stream(caller)  # the actions, and the caller's reads of the last outputs, come first
+            actions.record_stream(self._stream)  # the caller may free it before the copy below has run
             with torch.cuda.stream(self._stream):
                 self._actions.copy_(actions, non_blocking=True)
                 if self._graph is not None:
@@ -589,7 +588,9 @@ class WarpEnv(BatchedEnv):
         self._sync()
 
     def _device_scope(self) -> Any:
+        """Run on the env's stream (after the caller's work so far) and Warp device."""
         if self.device.type == "cuda":
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
             return _Scopes(torch.cuda.stream(self._stream), wp.ScopedDevice(self.wp_device),
                            wp.ScopedStream(self._wp_stream))  # fmt: skip
         return _Scopes(wp.ScopedDevice(self.wp_device))

@@ -230,7 +230,8 @@ def test_custom_robot_with_domain_randomization_agrees_with_mujoco_backend():
                     out.append(r.obs), out_ref.append(rr.obs)
                     np.testing.assert_allclose(r.reward.numpy(), rr.reward.numpy(), atol=2e-3, rtol=0)
                 obs, obs_ref = torch.stack(out), torch.stack(out_ref)
-            # measured max |obs diff| ~1e-4 (qvel up to ~10, floor contacts of the forearm)
+            print("arm max |obs diff|", float((obs - obs_ref).abs().max()), "contacts", env.mjw_data.nacon.numpy())
+            # measured max |obs diff| MEAS (qvel up to ~10, floor contacts of the forearm)
             np.testing.assert_allclose(obs.numpy(), obs_ref.numpy(), atol=1e-2, rtol=1e-2)
             assert (obs[:, 2] - obs[:, 0]).abs().max() > 0.05  # the randomized world really moved differently
         finally:
