@@ -26,7 +26,7 @@ from sample_fast.envs import TASKS, BatchedEnv, EnvError
 from sample_fast.envs.atari import is_atari_name
 from sample_fast.learner import LearnerConfig
 from sample_fast.policy import PolicyConfig
-from sample_fast.runner import Runner
+from sample_fast.runner import Runner, RunnerConfig
 from sample_fast.sampler import SamplerConfig
 
 from .config import BenchmarkConfig, num_threads
@@ -265,6 +265,8 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         num_slots=2 * num_splits,
         seed=cfg.seed,
         inference_threads=cfg.torch_threads,
+    )
+    rcfg = RunnerConfig(
         # 0: half the cores, as sample_fast.config.resolve gives the trainer (torch's pool slows down many-fold
         # when its threads fight the simulator's for the cores)
         learner_threads=tcfg.learner_threads or max(1, (os.cpu_count() or 1) // 2),
@@ -278,7 +280,7 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     learner_fn = functools.partial(build_learner, device=str(device), overrides=dict(tcfg.learner))
     old_threads = torch.get_num_threads()
     try:
-        runner = Runner(env_fn, policy_fn, learner_fn, scfg, mode=tcfg.mode, hooks=hooks)
+        runner = Runner(env_fn, policy_fn, learner_fn, scfg, rcfg, mode=tcfg.mode, hooks=hooks)
         hooks.runner = runner
         summary = runner.run(total_env_steps=2**62, time_limit_s=cfg.measure_timeout_s)
     finally:
