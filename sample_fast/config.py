@@ -4,7 +4,7 @@ Owns the root ``TrainConfig`` (registered in Hydra's ConfigStore as ``train_sche
 (``EnvConfig``, ``RunConfig``, ``LogConfig``) and ``resolve()``, which fills every ``auto`` value for the machine it
 runs on (backend, device, mode, num_envs, threads) and rejects inconsistent settings with a ``ConfigError`` that says
 what to change -- before any process starts or any file is written. Component sections (``PolicyConfig``,
-``LearnerConfig``, ``SamplerConfig``) are defined by their components and only composed here.
+``LearnerConfig``, ``SamplerConfig``, ``RunnerConfig``) are defined by their components and only composed here.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from omegaconf.errors import MissingMandatoryValue
 from .envs.atari import is_atari_name
 from .learner import LearnerConfig
 from .policy import PolicyConfig
+from .runner import RunnerConfig
 from .sampler import SamplerConfig
 
 __all__ = [
@@ -117,7 +118,7 @@ class DebugConfig:
 
 @dataclass
 class TrainConfig:
-    """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, logging."""
+    """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, runner, logging."""
 
     algo: str = "appo"  #: the algorithm (APPO with V-trace targets); the algo group sets learner/policy values
     restart: bool = False  #: start over in an existing run dir (the old one is moved aside, never deleted)
@@ -125,6 +126,7 @@ class TrainConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
     run: RunConfig = field(default_factory=RunConfig)
     logging: LogConfig = field(default_factory=LogConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
@@ -324,7 +326,7 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
         CPU whatever the devices): 16 per core with the learner on the CPU, where the CNN, not the emulator, sets
         the pace (design.md section 6: ~0.25 ms per agent step against ~0.5 ms per sample to train), 32 per core
         with the learner on CUDA, where the emulator does.
-      * env.num_threads: every core; sampler.learner_threads: half the cores (torch's thread pool slows down
+      * env.num_threads: every core; runner.learner_threads: half the cores (torch's thread pool slows down
         many-fold when it competes with the simulator threads for cores).
       * learner.seed and sampler.seed (when null) follow run.seed.
     """
@@ -334,6 +336,7 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
         env=dataclasses.replace(cfg.env, options=dict(cfg.env.options)),
         run=dataclasses.replace(cfg.run),
         sampler=dataclasses.replace(cfg.sampler),
+        runner=dataclasses.replace(cfg.runner),
         learner=dataclasses.replace(cfg.learner),
         policy=dataclasses.replace(cfg.policy),
         logging=dataclasses.replace(cfg.logging),
@@ -386,10 +389,10 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
         )
     if env.num_threads == 0:
         env.num_threads = max(1, min(num_cores, env.num_envs))
-    if sampler.learner_threads == 0:
+    if cfg.runner.learner_threads == 0:
         # Half the cores: torch's OpenMP pool degrades badly when it shares cores with the simulator threads (or
         # other jobs). Measured on the 2-core box under load: the toy run took 67 s with 2 threads, 3 s with 1.
-        sampler.learner_threads = max(1, num_cores // 2)
+        cfg.runner.learner_threads = max(1, num_cores // 2)
     if sampler.seed is None:
         sampler.seed = run.seed  # split i resets with seed + i
 
@@ -416,7 +419,7 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
             f"columns (env.num_envs/sampler.num_splits); try learner.replay_segment_envs={near}"
         )
     learner.seed = run.seed  # run.seed seeds everything
-    for section in ("policy", "learner", "sampler"):
+    for section in ("policy", "learner", "sampler", "runner"):
         validate = getattr(getattr(cfg, section), "validate", None)
         if validate is not None:
             try:

@@ -231,7 +231,7 @@ def test_custom_robot_with_domain_randomization_agrees_with_mujoco_backend():
                     np.testing.assert_allclose(r.reward.numpy(), rr.reward.numpy(), atol=2e-3, rtol=0)
                 obs, obs_ref = torch.stack(out), torch.stack(out_ref)
             print("arm max |obs diff|", float((obs - obs_ref).abs().max()), "contacts", env.mjw_data.nacon.numpy())
-            # measured max |obs diff| 1.3e-4 (qvel up to ~10; 8 floor contacts at the end); bound ~75x, the arm is chaotic
+            # measured max |obs diff| 1.3e-4 (qvel up to ~10; 8 floor contacts at the end); bound ~75x
             np.testing.assert_allclose(obs.numpy(), obs_ref.numpy(), atol=1e-2, rtol=1e-2)
             assert (obs[:, 2] - obs[:, 0]).abs().max() > 0.05  # the randomized world really moved differently
         finally:
@@ -420,7 +420,7 @@ def test_trainer_config_resolves_warp_like_mjx():
     from hydra import compose, initialize_config_module
 
     from sample_fast.config import resolve
-    from sample_fast.train import on_cpu_simulator
+    from sample_fast.wiring import on_cpu_simulator
 
     with initialize_config_module("sample_fast.configs", version_base="1.3"):
         cfg = compose("train", overrides=["env=hopper", "env.backend=warp", "+env.options.nconmax=64"])
