@@ -238,6 +238,13 @@ def _reset_noise(
             qvel[w, i] = wp.randf(state, -scale, scale)
 
 
+def resets_every_step(device: torch.device) -> bool:
+    """Whether the step runs the auto-reset on every step and selects by row (CUDA: no host read, capturable), or only
+    when some world is done (the CPU, eager). Both give the same results; a module-level function so the tests run
+    the CUDA variant on the CPU."""
+    return device.type == "cuda"
+
+
 class WarpEnv(BatchedEnv):
     """MuJoCo Warp backend. See the module docstring; build with ``sample_fast.envs.make(name, n, backend="warp")``.
 
@@ -395,8 +402,8 @@ class WarpEnv(BatchedEnv):
         if "cfrc_ext" in self._views:  # gymnasium's reset runs mj_forward only: cfrc_ext is zero in the first obs
             self._cfrc_ext.masked_fill_(self._mask[:, None, None], 0.0)
         phys, xp = self._physics(), self.xp
-        obs = self.task.observation(xp, phys, opts, self._consts).to(torch.float32)
-        return obs, self.task.position(xp, phys, opts, self._consts).to(torch.float32)
+        obs = self.task.observation(xp, phys, opts, self._consts).to(torch.float32).clone()
+        return obs, self.task.position(xp, phys, opts, self._consts).to(torch.float32).clone()
 
     def _step_body(self) -> tuple[torch.Tensor, ...]:
         """One env step on device from ``self._actions``; returns the step's outputs (static on CUDA graphs)."""
@@ -411,12 +418,14 @@ class WarpEnv(BatchedEnv):
         for k, (bit, _, _) in enumerate(_OVERFLOWS):  # before the reset below clears the flags of reset worlds
             self._overflow_seen[k] |= ((ov & bit) != 0).any()
         p = self._physics()
-        position = task.position(xp, p, opts, consts).to(torch.float32)
+        # The task functions may return views of the Warp arrays (position() is xpos[..., 1, :2] for Ant): copies,
+        # because the reset below rewrites those arrays in place (kinematics runs on every world).
+        position = task.position(xp, p, opts, consts).to(torch.float32).clone()
         velocity = (position - self._position) / self.dt
         reward, healthy = task.reward(xp, p, opts, consts, ctrl, velocity)
-        reward = reward.to(torch.float32)
-        terminated = tasks.is_terminated(xp, healthy, opts)
-        obs = task.observation(xp, p, opts, consts).to(torch.float32)
+        reward = reward.to(torch.float32).clone()
+        terminated = tasks.is_terminated(xp, healthy, opts).clone()
+        obs = task.observation(xp, p, opts, consts).to(torch.float32).clone()
         finite = torch.isfinite(p.qpos).all(-1) & torch.isfinite(p.qvel).all(-1) & torch.isfinite(obs).all(-1)
         bad = ~(finite & torch.isfinite(reward))
         reward = torch.where(bad, 0.0, reward)
@@ -434,7 +443,7 @@ class WarpEnv(BatchedEnv):
         self._ep_return.masked_fill_(done, 0.0)
         self._ep_length.masked_fill_(done, 0)
         self._mask.copy_(done)
-        if self.device.type == "cuda" or bool(done.any()):
+        if resets_every_step(self.device) or bool(done.any()):
             # PERF: on CUDA no branch on "some world is done" (a host read, and not capturable): the reset runs on
             # every step and selects by row, as MJX does on a GPU; with thousands of worlds some episode ends nearly
             # every step anyway. On the CPU (eager) it runs only when some world is done.

@@ -346,6 +346,37 @@ def test_reset_envs_resets_only_the_masked_worlds(hopper):
         env._reset_envs(torch.ones(NUM_ENVS))
 
 
+@pytest.mark.timeout(300)
+def test_cuda_style_reset_on_every_step_equals_reset_when_done(monkeypatch):
+    """On CUDA the step always runs the reset (reset_data, noise, kinematics on EVERY world) and selects it per row; on
+    the CPU only when some world is done. Run the CUDA variant on the CPU through partial resets (world 1's physics
+    poisoned at step 4; time limits) and steps with no reset: every output and the physics state must be the same.
+    Ant: its reward reads xpos, which the reset's kinematics rewrites in the worlds that do not reset."""
+    env = make_warp("ant", cone="elliptic", terminate_when_unhealthy=False, max_episode_steps=MAX_STEPS, seed=1)
+    actions = random_actions(MAX_STEPS + 4, NUM_ENVS, 8, seed=7)
+    runs = []
+    for every_step in (False, True):
+        monkeypatch.setattr(warp_env, "resets_every_step", lambda device, v=every_step: v)
+        obs, _ = env.reset(seed=13)
+        outs = [obs.clone()]
+        for t, a in enumerate(actions):
+            if t == 3:
+                env._poison_physics(1)
+            r = env.step(a)
+            outs += [r.obs, r.reward, r.terminated, r.truncated, *(r.info[k] for k in sorted(r.info))]
+        runs.append((outs, env.physics_state()))
+    env.close()
+    (outs_a, state_a), (outs_b, state_b) = runs
+    terminated, truncated = torch.stack(outs_a[3::8]), torch.stack(outs_a[4::8])
+    assert terminated[3].tolist() == [False, True, False] and terminated.sum() == 1  # a partial reset
+    assert (torch.stack(outs_a[2::8]).abs() > 0.1).any()  # rewards carry the xpos velocity term
+    assert truncated[MAX_STEPS - 1].tolist() == [True, False, True] and truncated.sum() == NUM_ENVS
+    for i, (x, y) in enumerate(zip(outs_a, outs_b, strict=True)):
+        torch.testing.assert_close(y, x, rtol=0, atol=0, msg=f"output {i}")
+    for x, y in zip(state_a, state_b, strict=True):
+        torch.testing.assert_close(y, x, rtol=0, atol=0)
+
+
 # ----- overflow ---------------------------------------------------------------------------------------------------
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("option", ["nconmax", "njmax"])
