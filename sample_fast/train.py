@@ -104,14 +104,28 @@ def build_policy(observation_spec, action_spec, policy_cfg):
     return ActorCritic(observation_spec, action_spec, policy_cfg)
 
 
-def build_learner(policy, learner_cfg, device: str, total_env_steps: int, resume_state: dict | None = None):
-    """The learner, with policy weights, normaliser, optimizer, counters and RNG restored from ``resume_state``."""
+def build_replay(replay_cfg, device: str, seed: int = 0):
+    """The prioritized replay memory of the ``replay:`` section, on the learner's device; None when it is off
+    (``replay.ratio == 0``: torchrl is then never imported)."""
+    if replay_cfg is None or not replay_cfg.ratio:
+        return None
+    from .replay import TrajectoryReplay
+
+    return TrajectoryReplay(replay_cfg, torch.device(device), seed=seed)
+
+
+def build_learner(
+    policy, learner_cfg, device: str, total_env_steps: int, resume_state: dict | None = None, replay_cfg=None
+):
+    """The learner (with its replay memory, when ``replay_cfg`` turns it on), with policy weights, normaliser,
+    optimizer, counters and RNG restored from ``resume_state``."""
     from .learner import Learner
 
     policy = policy.to(device)
     if resume_state is not None:
         policy.load_state_dict(resume_state["policy"])
-    learner = Learner(policy, learner_cfg, torch.device(device), total_env_steps=total_env_steps)
+    replay = build_replay(replay_cfg, device, seed=learner_cfg.seed)
+    learner = Learner(policy, learner_cfg, torch.device(device), total_env_steps=total_env_steps, replay=replay)
     if resume_state is not None:
         learner.load_state_dict(resume_state["learner"])
         set_rng_state(resume_state["rng"])  # continue the random streams where the checkpoint left them
@@ -549,6 +563,7 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
         device=cfg.run.device,
         total_env_steps=cfg.run.total_env_steps,
         resume_state=resume_state,
+        replay_cfg=cfg.replay,
     )
     logger = ProgressLogger(
         rdir, cfg.logging, cfg.run.total_env_steps, start_env_steps, start_wall_s,
