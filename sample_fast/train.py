@@ -472,6 +472,7 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
         device=cfg.run.device,
         total_env_steps=cfg.run.total_env_steps,
         resume_state=resume_state,
+        replay_cfg=cfg.replay,
     )
     logger = ProgressLogger(
         rdir, cfg.logging, cfg.run.total_env_steps, start_env_steps, start_wall_s,
