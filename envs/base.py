@@ -329,7 +329,8 @@ class BatchedEnv(abc.ABC):
         override this; the default refuses (a full reset instead would silently restart every episode)."""
         raise EnvError(
             f"backend {self.backend!r} ({type(self).__name__}) cannot reset chosen envs (reset(env_mask=...)); "
-            "reset the whole batch with reset(), or use a backend that can (mujoco, mjx, toy, gymnasium, envpool)"
+            "reset the whole batch with reset(), or use a backend that can "
+            "(mujoco, mjx, warp, toy, gymnasium, envpool, ale)"
         )
 
     def _send(self, actions: torch.Tensor) -> None:  # noqa: B027 (optional hook, default no-op)

@@ -156,6 +156,17 @@ def test_partial_reset_mjx(arm):
     _check_partial_reset(build, limit=ARM_STEPS)
 
 
+@pytest.mark.timeout(300, method="thread")
+def test_partial_reset_warp(arm):
+    pytest.importorskip("mujoco_warp")  # pinned in pyproject; a stripped install lacks only this backend
+    cache = os.path.join(os.path.dirname(__file__), os.pardir, ".pytest_cache", "warp-kernels")
+
+    def build():
+        return make(arm, 4, backend="warp", device="cpu", kernel_cache_dir=os.path.abspath(cache))
+
+    _check_partial_reset(build, limit=ARM_STEPS)
+
+
 @pytest.mark.timeout(60)
 def test_partial_reset_gymnasium():
     _check_partial_reset(lambda: make("gymnasium:CartPole-v1", 4, max_episode_steps=8), limit=None, steps_after=20)
