@@ -62,6 +62,13 @@ class RunnerHooks:
         """Before shutdown (the sampler is still alive): save a final checkpoint here."""
 
 
+def _rnn_layout(policy: Any) -> dict[str, Any]:
+    """The TrajectoryStore arguments a recurrent policy's slots need (state at the slot start, resets, RL² inputs;
+    docs/recurrent.md); none for a feed-forward policy."""
+    shape = getattr(policy, "rnn_state_shape", None)
+    return {} if shape is None else {"rnn_state_shape": shape, "rl2": bool(getattr(policy, "rl2", False))}
+
+
 def _split_seeds(cfg: SamplerConfig) -> list[int]:
     if cfg.seed is not None:
         return [cfg.seed + i for i in range(cfg.num_splits)]
@@ -251,6 +258,7 @@ class Runner:
                 max_episode_steps=first.truncation_limit,
                 store_values=cfg.store_values,
                 device=first.device,
+                **_rnn_layout(self.policy),
             )
             self.episodes = EpisodeRing(cfg.episode_capacity, shared=False)
             try:
@@ -277,7 +285,7 @@ class Runner:
         start_resource_tracker()  # before the store's semaphores register with it: it must survive a group SIGHUP
         self.store = TrajectoryStore(
             obs_spec, act_spec, cfg.rollout_len, num_envs, cfg.num_slots, max_episode_steps=max_episode_steps,
-            store_values=cfg.store_values, shared=True, ctx=ctx,
+            store_values=cfg.store_values, shared=True, ctx=ctx, **_rnn_layout(self.policy),
         )  # fmt: skip
         self.param_store = ParamStore(self.policy)
         self._publish()
