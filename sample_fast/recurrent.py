@@ -91,3 +91,46 @@ def sequence_inputs(batch: Any, rl2: bool) -> SequenceInputs:
     prev_reward = torch.cat([batch["prev_reward"].unsqueeze(0).to(rewards.dtype), rewards], dim=0)
     prev_done = torch.cat([batch["prev_done"].unsqueeze(0), done], dim=0)
     return SequenceInputs(state0, reset, prev_action, prev_reward, prev_done)
+
+
+class StatefulActor:
+    """Acts with any ``ActorCritic`` over successive steps of ``num_envs`` envs, carrying a recurrent policy's state
+    (and RL² inputs) from step to step with the sampler's reset rule; a feed-forward policy is called as is. For
+    evaluation and videos: ``actions = actor.act(obs)``, step the env, ``actor.observe(reward, terminated,
+    truncated, info)``."""
+
+    def __init__(self, policy: Any, num_envs: int):
+        self.policy = policy
+        self.recurrent = bool(getattr(policy, "is_recurrent", False))
+        self.rl2 = self.recurrent and bool(getattr(policy, "rl2", False))
+        if self.recurrent:
+            self.state = policy.initial_state(num_envs)
+            device = self.state.device
+            self.reset = torch.ones(num_envs, dtype=torch.bool, device=device)
+            self.prev: tuple[Any, Any, Any] = (None, None, None)
+            if self.rl2:
+                act_dtype = torch.int64 if policy.is_discrete else torch.float32
+                prev_action = torch.zeros(num_envs, *policy.act_shape, dtype=act_dtype, device=device)
+                no_done = torch.zeros(num_envs, dtype=torch.bool, device=device)
+                self.prev = (prev_action, torch.zeros(num_envs, device=device), no_done)
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, deterministic: bool = True) -> Tensor:
+        if not self.recurrent:
+            return self.policy.act(obs, deterministic=deterministic)[0]
+        actions, _, _, self.state = self.policy.act_recurrent(obs, self.state, self.reset, *self.prev,
+                                                              deterministic=deterministic)  # fmt: skip
+        if self.rl2:
+            self.prev = (actions, self.prev[1], self.prev[2])
+        return actions
+
+    def observe(self, reward: Tensor, terminated: Tensor, truncated: Tensor, info: dict[str, Any]) -> None:
+        if not self.recurrent:
+            return
+        device = self.state.device
+        done = (terminated | truncated).to(device)
+        if self.rl2:
+            self.reset = info["trial_end"].to(device)
+            self.prev = (self.prev[0], reward.to(device), done)
+        else:
+            self.reset = done

@@ -231,3 +231,82 @@ def test_trial_memory_beats_episode_memory_on_the_bandit(one_thread):
     trial_rate, episode_rate = sum(trial[-2000:]) / 2000, sum(episode[-2000:]) / 2000
     assert trial_rate >= 0.75, trial_rate  # the optimum is ~0.85 (the first pull of a trial is a coin flip)
     assert 0.45 <= episode_rate <= 0.55, episode_rate  # 2000 pulls at 0.5: std 0.011
+
+
+@pytest.mark.timeout(60)
+def test_r2d2_replay_keeps_the_stored_state_and_burns_in(one_thread):
+    from sample_fast.replay import ReplayConfig, TrajectoryReplay
+
+    env = CountdownEnv(4)
+    policy = rnn_policy(env)
+    store, order = run_sampler(env, policy, num_slots=3)
+    batches = [store.slot(i).clone() for i in order]
+    replay = TrajectoryReplay(ReplayConfig(ratio=0.5, capacity=8, segment_envs=2, burn_in=2, priority_eta=0.9))
+    learner = Learner(policy, LearnerConfig(num_minibatches=2, max_policy_lag=None), replay=replay)
+    first = learner.train(batches[0])
+    assert first["replay_segments"] == 0 and len(replay) == 2
+    # the memory keeps each segment's slot-start state: columns 0-1 and 2-3 of the first slot
+    stored = replay.buffer.storage[torch.arange(2)]
+    torch.testing.assert_close(stored["rnn_state"].reshape(4, 1, 8), batches[0]["rnn_state"], rtol=0, atol=0)
+    torch.testing.assert_close(stored["rnn_reset"].transpose(0, 1).reshape(7, 4), batches[0]["rnn_reset"], rtol=0,
+                               atol=0)  # fmt: skip
+    second = learner.train(batches[1])
+    assert second["replay_segments"] == 1  # 0.5 * 4 columns / 2 per segment
+    # the replayed columns' first 2 of 6 rows are burn-in: masked out of the loss (their age is within max_age)
+    assert second["replay_masked_frac"] == pytest.approx(2 / 6)
+    assert second["num_updates"] == 2 * 2  # num_epochs x num_minibatches: whole-column minibatches
+
+
+def test_r2d2_priority_mixes_max_and_mean():
+    from sample_fast.replay import segment_priorities
+
+    adv = torch.tensor([[1.0, -3.0, 2.0, 0.0], [-1.0, 1.0, 0.0, 4.0]])  # [T=2, B=4], b = 2
+    # segment 0: |1| |-3| |-1| |1|: max 3, mean 1.5 -> 0.9 * 3 + 0.1 * 1.5 = 2.85; segment 1: max 4, mean 1.5 -> 3.75
+    torch.testing.assert_close(segment_priorities(adv, adv, adv, 2, eta=0.9), torch.tensor([2.85, 3.75]))
+    assert segment_priorities(adv, adv, adv, 2, eta=0.0).tolist() == [1.5, 1.5]  # the mean alone, as before
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_recurrent_policy_trains_in_async_mode(rnn, one_thread):
+    """The sampler process acts with its own copy of the recurrent policy and fills shared slots with the state."""
+    from sample_fast.runner import Runner
+
+    options = {"kind": "recall", "recall_steps": 4}
+    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0, poll_s=0.05, shutdown_timeout_s=5.0)
+    policy_cfg = PolicyConfig(hidden_sizes=[16], rnn=rnn, rnn_size=8)
+    runner = Runner(functools.partial(make, "toy", 8, **options), functools.partial(_toy_policy, options, policy_cfg),
+                    _toy_learner, cfg, mode="async")  # fmt: skip
+    summary = runner.run(total_env_steps=8 * 4 * 6)
+    assert summary["env_steps"] >= 8 * 4 * 6 and runner.learner.policy_version >= 3  # trained on shared slots
+
+
+def test_stateful_actor_carries_the_state_with_the_samplers_reset_rule():
+    """Evaluation and videos (sample_fast.eval) act through StatefulActor: same resets as the sampler."""
+    from sample_fast.recurrent import StatefulActor
+
+    env = CountdownEnv(5)
+    policy = rnn_policy(env)
+    rec = Recorder(policy)
+    actor = StatefulActor(policy, 5)
+    obs, _ = env.reset()
+    for _ in range(12):
+        obs, reward, terminated, truncated, info = env.step(actor.act(obs))
+        actor.observe(reward, terminated, truncated, info)
+    length = torch.arange(5) + 2
+    for t, call in enumerate(rec.calls):
+        assert torch.equal(call["reset"], torch.ones(5, dtype=torch.bool) if t == 0 else t % length == 0)
+        if t > 0:
+            assert torch.equal(call["state"], rec.calls[t - 1]["new_state"])
+
+
+@pytest.mark.timeout(60)
+def test_eval_runs_a_recurrent_policy(tmp_path, capsys):
+    from test_eval import _fresh_run, _mean_return
+
+    from sample_fast import eval as eval_mod
+
+    _fresh_run(tmp_path, "env=recall")
+    assert eval_mod.main([str(tmp_path), "--episodes", "8"]) == 0
+    # 8 deterministic episodes of an untrained GRU: each return is 0 or 1
+    assert 0.0 <= _mean_return(capsys.readouterr()[0]) <= 1.0

@@ -151,10 +151,13 @@ def _import_policy() -> tuple[Any, Any]:
     return ActorCritic, PolicyConfig
 
 
-def build_policy(observation_spec: Any, action_spec: Any, hidden_sizes: list[int], device: str) -> torch.nn.Module:
+def build_policy(
+    observation_spec: Any, action_spec: Any, hidden_sizes: list[int], device: str, rnn: str = "none", rnn_size: int = 64
+) -> torch.nn.Module:
     """Module-level policy builder (the Runner pickles it into the sampler process)."""
     actor_critic, policy_config = _import_policy()
-    return actor_critic(observation_spec, action_spec, policy_config(hidden_sizes=list(hidden_sizes))).to(device)
+    cfg = policy_config(hidden_sizes=list(hidden_sizes), rnn=rnn, rnn_size=rnn_size)
+    return actor_critic(observation_spec, action_spec, cfg).to(device)
 
 
 def _splits(num_envs: int, num_splits: int) -> int:
@@ -163,7 +166,8 @@ def _splits(num_envs: int, num_splits: int) -> int:
 
 
 def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
-    """The serial-mode Sampler (double-buffered env groups + policy.act + slot writes), slots released at once."""
+    """The serial-mode Sampler (double-buffered env groups + policy.act + slot writes), slots released at once.
+    Stage ``inference_rnn``: the same with a recurrent policy (its state kept per env, stored at every slot start)."""
     try:
         from sample_fast.sampler import Sampler, SamplerConfig
         from sample_fast.trajectory_store import TrajectoryStore
@@ -187,10 +191,13 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     try:
         envs = [env_fn() for _ in range(num_splits)]
         first = envs[0]
-        policy = build_policy(first.observation_spec, first.action_spec, cfg.policy_hidden_sizes, str(first.device))
+        rnn = cfg.policy_rnn if case.stage == "inference_rnn" else "none"
+        policy = build_policy(first.observation_spec, first.action_spec, cfg.policy_hidden_sizes, str(first.device),
+                              rnn, cfg.policy_rnn_size)  # fmt: skip
+        rnn_layout = {"rnn_state_shape": policy.rnn_state_shape} if policy.is_recurrent else {}
         store = TrajectoryStore(
             first.observation_spec, first.action_spec, cfg.rollout_len, per_split, scfg.num_slots,
-            max_episode_steps=first.truncation_limit, device=first.device,
+            max_episode_steps=first.truncation_limit, device=first.device, **rnn_layout,
         )  # fmt: skip
         sampler = Sampler(
             envs, policy, store, scfg, version_fn=lambda: 0, split_seeds=[cfg.seed + i for i in range(num_splits)]
@@ -214,6 +221,8 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
 
         rates = timed_windows(step, sync, _timing(cfg), started_s=t0)
         extra = {"num_splits": num_splits, "rollout_len": cfg.rollout_len, "torch_threads": cfg.torch_threads}
+        if policy.is_recurrent:
+            extra.update(rnn=rnn, rnn_size=cfg.policy_rnn_size)
         return CaseResult(rates, int(first.frame_skip), str(first.device), extra=extra)
     finally:
         torch.set_num_threads(old_threads)
@@ -312,4 +321,5 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     return CaseResult(hooks.recorder.rates, int(frame_skip), str(device), extra=extra)
 
 
-STAGE_FUNCTIONS = {"env": measure_env, "inference": measure_inference, "train": measure_train}
+STAGE_FUNCTIONS = {"env": measure_env, "inference": measure_inference, "train": measure_train,
+                   "inference_rnn": measure_inference}  # fmt: skip
