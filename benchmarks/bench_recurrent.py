@@ -2,6 +2,7 @@
 
     python benchmarks/bench_recurrent.py run --out DIR [--seconds 240]   # trains the runs (nice -n 10), one at a time
     python benchmarks/bench_recurrent.py curves --runs DIR               # -> benchmarks/results/recurrent_pomdp.*
+    python benchmarks/bench_recurrent.py staleness                       # -> benchmarks/results/recurrent_staleness.*
 
 ``run``: HalfCheetah with the velocities removed from its observation (task option
 ``include_velocities_in_observation=false``: 8 joint positions, no velocities), the trainer's defaults otherwise,
@@ -10,6 +11,15 @@ GRU). The run directories are named ``<env>_<policy>_s<seed>``. ``curves``: thei
 against env steps and wall time (CSV, JSON, Markdown, PNG), read at the end (equal wall time) and at the
 shortest run's env steps (equal env steps). Speed of the recurrent sampler itself: the FPS suite's inference_rnn
 stage (docs/benchmark.md).
+
+``staleness``: what replaying a recurrent segment from its stored state costs (R2D2's "representational drift",
+Kapturowski et al. 2019). A GRU learns cue recall (toy kind=recall, 8-step episodes) from slots of 12 steps, so
+episodes cross slot boundaries and a slot's stored state carries the cue. Every slot is kept. With the final
+weights, each slot is re-run twice: from its stored state (computed by the weights that acted, ``age`` versions
+ago) and from the state the final weights themselves reach at the slot start (chained from the very first slot,
+whose state is exactly zero). Reported per age bucket: the total-variation distance between the two action
+distributions (2 actions: |p_stored(a) - p_fresh(a)|), over all rows, over the rows after a burn-in of k steps,
+and over the query rows (where the recalled cue decides the reward).
 """
 
 from __future__ import annotations
@@ -113,6 +123,85 @@ def _plot(runs: dict) -> None:
     fig.savefig(RESULTS / f"{NAME}.png", dpi=90)
 
 
+def staleness(args: argparse.Namespace) -> dict:
+    import torch
+    from sample_fast.envs import make
+
+    from sample_fast.learner import Learner, LearnerConfig
+    from sample_fast.policy import ActorCritic, PolicyConfig
+    from sample_fast.recurrent import SequenceInputs
+    from sample_fast.sampler import Sampler, SamplerConfig
+    from sample_fast.trajectory_store import TrajectoryStore
+
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    T, B, L = args.rollout_len, args.num_envs, args.recall_steps
+    env = make("toy", B, kind="recall", recall_steps=L, seed=args.seed)
+    policy = ActorCritic(env.observation_spec, env.action_spec,
+                         PolicyConfig(hidden_sizes=[32], rnn="gru", rnn_size=32))  # fmt: skip
+    store = TrajectoryStore(env.observation_spec, env.action_spec, T, B, 3, max_episode_steps=L,
+                            rnn_state_shape=policy.rnn_state_shape)  # fmt: skip
+    learner = Learner(policy, LearnerConfig(lr=3e-3, num_epochs=4, num_minibatches=2))
+    sampler = Sampler([env], policy, store, SamplerConfig(rollout_len=T, num_splits=1, num_slots=3, seed=args.seed),
+                      version_fn=lambda: learner.policy_version)  # fmt: skip
+    slots = []
+    while len(slots) < args.num_slots:
+        sampler.advance(wait_s=1.0)
+        while (idx := store.acquire_ready(0.0)) is not None:
+            batch = store.slot(idx).clone()
+            store.release(idx)
+            slots.append((int(batch["policy_version"].max()), batch))
+            learner.train(batch)
+    sampler.close()
+    final_version = learner.policy_version
+    buckets = [(1, 1), (2, 4), (5, 16), (17, 64), (65, 10**9)]
+    burn_ins = [0, 2, 4, L]
+    sums = {b: {"n_slots": 0, **{f"tv_burn_in_{k}": 0.0 for k in burn_ins}, "tv_query": 0.0, "n_query": 0}
+            for b in buckets}  # fmt: skip
+    with torch.no_grad():
+        state = policy.initial_state(B)  # the first slot's state is exactly zero
+        for version, batch in slots:
+            obs, actions, reset = batch["obs"][:T], batch["actions"], batch["rnn_reset"][:T]
+            logp_s, _, _, _ = policy.evaluate_sequence(obs, actions, SequenceInputs(batch["rnn_state"], reset))
+            logp_f, _, _, states = policy.evaluate_sequence(obs, actions, SequenceInputs(state, reset))
+            state = states[T - 1]  # the final weights' state entering the next slot (before its row-0 reset)
+            tv = (logp_s.exp() - logp_f.exp()).abs()  # [T, B]; 2 actions: TV of the two distributions
+            age = final_version - version
+            bucket = next(b for b in buckets if b[0] <= age <= b[1])
+            acc = sums[bucket]
+            acc["n_slots"] += 1
+            for k in burn_ins:
+                acc[f"tv_burn_in_{k}"] += float(tv[k:].mean())
+            query = obs[..., -1] == 1.0
+            acc["tv_query"] += float(tv[query].sum())
+            acc["n_query"] += int(query.sum())
+    rows = []
+    for (lo, hi), acc in sums.items():
+        if not acc["n_slots"]:
+            continue
+        n = acc["n_slots"]
+        rows.append({"age_versions": f"{lo}-{hi}" if hi < 10**9 else f">={lo}", "slots": n,
+                     **{f"tv_after_burn_in_{k}": acc[f"tv_burn_in_{k}"] / n for k in burn_ins},
+                     "tv_query_rows": acc["tv_query"] / max(acc["n_query"], 1)})  # fmt: skip
+    lines = ["# Stored-state staleness of replayed recurrent segments (toy cue recall, GRU 32)", "",
+             f"Command: `python benchmarks/bench_recurrent.py staleness --num-slots {args.num_slots}` "
+             f"({T}-step slots of {B} envs, {L}-step episodes, {len(slots) * T * B} env steps, {final_version} "
+             "policy versions; 1 torch thread). Mean total-variation distance between the action distributions "
+             "re-run from the stored state and from the final weights' own state, per slot age (policy versions "
+             "between the slot's acting weights and the final ones):", "",
+             "| age (versions) | slots | TV, all rows | " + " | ".join(f"after {k}-step burn-in" for k in burn_ins[1:])
+             + " | TV, query rows |", "|---" * (4 + len(burn_ins)) + "|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['age_versions']} | {r['slots']} | "
+                     + " | ".join(f"{r[f'tv_after_burn_in_{k}']:.4f}" for k in burn_ins)
+                     + f" | {r['tv_query_rows']:.4f} |")  # fmt: skip
+    out = {"meta": {"num_slots": args.num_slots, "rollout_len": T, "num_envs": B, "recall_steps": L,
+                    "final_version": final_version, "machine": harness.machine_record()}, "rows": rows}  # fmt: skip
+    harness.write_results(RESULTS, "recurrent_staleness", out, "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -125,9 +214,15 @@ def main() -> None:
     c.add_argument("--seconds", type=float, default=240.0, help="the runs' run.time_limit_s (for the command line)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--note", default="")
+    st = sub.add_parser("staleness")
+    st.add_argument("--num-slots", type=int, default=400)
+    st.add_argument("--num-envs", type=int, default=32)
+    st.add_argument("--rollout-len", type=int, default=12)
+    st.add_argument("--recall-steps", type=int, default=8)
+    st.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
-    (run if args.cmd == "run" else curves)(args)
+    {"run": run, "curves": curves, "staleness": staleness}[args.cmd](args)
 
 
 if __name__ == "__main__":
