@@ -257,7 +257,7 @@ class Learner:
         self._good_updates = 0
         self._good_state: dict[str, Any] = {}
         self._snapshot_good_state()
-        #: Prioritized trajectory replay, built from the ``replay:`` section by its owner (``train.build_replay``);
+        #: Prioritized trajectory replay, built from the ``replay:`` section by its owner (``wiring.build_replay``);
         #: None = off. Its memory is not checkpointed (docs/replay.md).
         self.replay = replay
 

@@ -2,7 +2,7 @@
 
 Kept apart from ``sample_fast.replay`` (which imports torchrl, seconds to load) so that composing and resolving a
 config never imports torchrl; ``sample_fast.replay`` re-exports both names. The trainer builds the memory from this
-section (``sample_fast.train.build_replay``) and hands it to the learner. See docs/replay.md.
+section (``sample_fast.wiring.build_replay``) and hands it to the learner. See docs/replay.md.
 """
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ def _component_configs() -> dict[str, tuple[type, str]]:
     return {
         "policy": (ActorCritic, "cfg"),
         "learner": (Learner, "cfg"),
-        "replay": (TrajectoryReplay, "cfg"),  # built by train.build_replay, handed to Learner(replay=...)
+        "replay": (TrajectoryReplay, "cfg"),  # built by wiring.build_replay, handed to Learner(replay=...)
         "sampler": (Runner, "sampler_cfg"),
     }
 

@@ -250,7 +250,7 @@ def one_thread():
 def replay_learner_for(policy, cfg, **replay):
     """A learner with a replay memory of ``ReplayConfig(**replay)``, built as the trainer builds it."""
     from sample_fast.learner import Learner
-    from sample_fast.train import build_replay
+    from sample_fast.wiring import build_replay
 
     return Learner(policy, cfg, replay=build_replay(ReplayConfig(**replay), "cpu", seed=cfg.seed))
 
@@ -260,7 +260,7 @@ def test_learner_replay_off_by_default_and_validated():
     import dataclasses
 
     from sample_fast.learner import Learner, LearnerConfig
-    from sample_fast.train import build_learner, build_replay
+    from sample_fast.wiring import build_learner, build_replay
 
     assert Learner(small_policy(), LearnerConfig()).replay is None
     assert build_replay(ReplayConfig(), "cpu") is None  # ratio 0: no memory
