@@ -156,20 +156,24 @@ def staleness(args: argparse.Namespace) -> dict:
     final_version = learner.policy_version
     buckets = [(1, 1), (2, 4), (5, 16), (17, 64), (65, 10**9)]
     burn_ins = [0, 2, 4, L]
-    sums = {b: {"n_slots": 0, **{f"tv_burn_in_{k}": 0.0 for k in burn_ins}, "tv_query": 0.0, "n_query": 0}
-            for b in buckets}  # fmt: skip
+    sums = {b: {"n_slots": 0, **{f"tv_burn_in_{k}": 0.0 for k in burn_ins}, "tv_query": 0.0, "n_query": 0,
+                "state_err": 0.0, "dv_row0": 0.0} for b in buckets}  # fmt: skip
     with torch.no_grad():
         state = policy.initial_state(B)  # the first slot's state is exactly zero
         for version, batch in slots:
             obs, actions, reset = batch["obs"][:T], batch["actions"], batch["rnn_reset"][:T]
-            logp_s, _, _, _ = policy.evaluate_sequence(obs, actions, SequenceInputs(batch["rnn_state"], reset))
-            logp_f, _, _, states = policy.evaluate_sequence(obs, actions, SequenceInputs(state, reset))
+            logp_s, _, v_s, _ = policy.evaluate_sequence(obs, actions, SequenceInputs(batch["rnn_state"], reset))
+            logp_f, _, v_f, states = policy.evaluate_sequence(obs, actions, SequenceInputs(state, reset))
+            live = ~reset[0]  # envs whose state at the slot start is carried (not zeroed by row 0's reset)
+            err = (batch["rnn_state"] - state).flatten(1).norm(dim=1) / state.flatten(1).norm(dim=1).clamp_min(1e-8)
             state = states[T - 1]  # the final weights' state entering the next slot (before its row-0 reset)
             tv = (logp_s.exp() - logp_f.exp()).abs()  # [T, B]; 2 actions: TV of the two distributions
             age = final_version - version
             bucket = next(b for b in buckets if b[0] <= age <= b[1])
             acc = sums[bucket]
             acc["n_slots"] += 1
+            acc["state_err"] += float(err[live].mean()) if bool(live.any()) else 0.0
+            acc["dv_row0"] += float((v_s[0] - v_f[0]).abs().mean())
             for k in burn_ins:
                 acc[f"tv_burn_in_{k}"] += float(tv[k:].mean())
             query = obs[..., -1] == 1.0
@@ -182,17 +186,21 @@ def staleness(args: argparse.Namespace) -> dict:
         n = acc["n_slots"]
         rows.append({"age_versions": f"{lo}-{hi}" if hi < 10**9 else f">={lo}", "slots": n,
                      **{f"tv_after_burn_in_{k}": acc[f"tv_burn_in_{k}"] / n for k in burn_ins},
-                     "tv_query_rows": acc["tv_query"] / max(acc["n_query"], 1)})  # fmt: skip
+                     "tv_query_rows": acc["tv_query"] / max(acc["n_query"], 1),
+                     "relative_state_error": acc["state_err"] / n,
+                     "abs_value_diff_row0": acc["dv_row0"] / n})  # fmt: skip
     lines = ["# Stored-state staleness of replayed recurrent segments (toy cue recall, GRU 32)", "",
              f"Command: `python benchmarks/bench_recurrent.py staleness --num-slots {args.num_slots}` "
              f"({T}-step slots of {B} envs, {L}-step episodes, {len(slots) * T * B} env steps, {final_version} "
              "policy versions; 1 torch thread). Mean total-variation distance between the action distributions "
              "re-run from the stored state and from the final weights' own state, per slot age (policy versions "
              "between the slot's acting weights and the final ones):", "",
-             "| age (versions) | slots | TV, all rows | " + " | ".join(f"after {k}-step burn-in" for k in burn_ins[1:])
-             + " | TV, query rows |", "|---" * (4 + len(burn_ins)) + "|"]  # fmt: skip
+             "| age (versions) | slots | ‖h_stored - h_fresh‖ / ‖h_fresh‖ at the slot start | abs(V diff), row 0 | "
+             "TV, all rows | " + " | ".join(f"after {k}-step burn-in" for k in burn_ins[1:])
+             + " | TV, query rows |", "|---" * (6 + len(burn_ins)) + "|"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['age_versions']} | {r['slots']} | "
+        lines.append(f"| {r['age_versions']} | {r['slots']} | {r['relative_state_error']:.3f} | "
+                     f"{r['abs_value_diff_row0']:.4f} | "
                      + " | ".join(f"{r[f'tv_after_burn_in_{k}']:.4f}" for k in burn_ins)
                      + f" | {r['tv_query_rows']:.4f} |")  # fmt: skip
     out = {"meta": {"num_slots": args.num_slots, "rollout_len": T, "num_envs": B, "recall_steps": L,
