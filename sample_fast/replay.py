@@ -176,6 +176,7 @@ class TrajectoryReplay:
         )  # fmt: skip
         self.segment_shape: tuple[int, int] | None = None  # (T, b) once the first segments arrive
         self.final_rows: int | None = None  # rows of each segment's truncation side table, once known
+        self.keys: tuple[str, ...] | None = None  # the segments' keys, once known
         self.num_added = 0
         self.num_sampled = 0
 
@@ -236,6 +237,13 @@ class TrajectoryReplay:
             # [T, B, ...] -> [T, n, b, ...] -> [n, T, b, ...]: each segment keeps its time axis and its columns.
             fields[key] = value.reshape(value.shape[0], num_segments, b, *value.shape[2:]).transpose(0, 1)
         fields.update(self._segment_tables(batch, num_envs))
+        keys = tuple(sorted(fields))
+        if self.keys is not None and keys != self.keys:  # e.g. a recurrent policy's state keys appear or vanish
+            raise ReplayConfigError(
+                f"replay: the memory holds segments with keys {list(self.keys)} but this batch has {list(keys)}; "
+                "one memory holds one policy's layout (a recurrent policy's segments keep its state)"
+            )
+        self.keys = keys
         segments = TensorDict(fields, batch_size=[num_segments], device=self.device)
         index = self.buffer.extend(segments)
         index = torch.as_tensor(index, device=self.device)

@@ -310,3 +310,17 @@ def test_eval_runs_a_recurrent_policy(tmp_path, capsys):
     assert eval_mod.main([str(tmp_path), "--episodes", "8"]) == 0
     # 8 deterministic episodes of an untrained GRU: each return is 0 or 1
     assert 0.0 <= _mean_return(capsys.readouterr()[0]) <= 1.0
+
+
+def test_replay_memory_refuses_a_layout_change():
+    """A memory of recurrent segments cannot take a batch without their state (nor the other way round)."""
+    from sample_fast.replay import ReplayConfig, ReplayConfigError, TrajectoryReplay
+
+    env = CountdownEnv(4)
+    store, order = run_sampler(env, rnn_policy(env), num_slots=1)
+    batch = store.slot(order[0]).clone()
+    replay = TrajectoryReplay(ReplayConfig(ratio=0.5, capacity=4, segment_envs=2))
+    replay.add(batch)
+    del batch["rnn_state"], batch["rnn_reset"]
+    with pytest.raises(ReplayConfigError, match="one memory holds one policy's layout"):
+        replay.add(batch)
