@@ -283,10 +283,12 @@ class ActorCritic(nn.Module):
         # Linear layers of each MLP, for the inference path (modules, not tensors: .to(), load_state_dict and deepcopy
         # stay safe).
         self._actor_linears = [layer for layer in self.actor if isinstance(layer, nn.Linear)]
+        mlp_trunk = self.trunk if self.encoder == "mlp" and self.trunk is not None else []
+        self._trunk_linears = [layer for layer in mlp_trunk if isinstance(layer, nn.Linear)]
         self._critic_linears = [layer for layer in self.critic if isinstance(layer, nn.Linear)]
 
     # ----- helpers ------------------------------------------------------------------------------------------------
-    def _features(self, obs: Tensor) -> Tensor:
+    def _features(self, obs: Tensor, inference: bool = False) -> Tensor:
         if self.encoder != "mlp":
             return self.trunk(obs)
         x = obs.reshape(obs.shape[0], self.obs_dim)
@@ -294,7 +296,14 @@ class ActorCritic(nn.Module):
         if x.dtype != dtype:  # uint8 observations are stored as uint8 and converted only here (float64 in tests)
             x = x.to(dtype)
         x = self.normalizer(x) if self.normalizer is not None else x
-        return self.trunk(x) if self.trunk is not None else x
+        if self.trunk is None:
+            return x
+        if inference:  # PERF: the no-grad acting path, as _infer_mlp (every layer of the trunk has an activation)
+            act = _INPLACE[self.cfg.activation]
+            for linear in self._trunk_linears:
+                x = act(torch.addmm(linear.bias, x, linear.weight.t()))
+            return x
+        return self.trunk(x)
 
     def _infer_mlp(self, layers: list[nn.Linear], x: Tensor) -> Tensor:
         # PERF: addmm + in-place activation on the layers' own parameters, skipping nn.Module.__call__: ~15% less
@@ -433,7 +442,7 @@ class ActorCritic(nn.Module):
 
         Returns ``(actions, behavior_logp [N], values [N] or None, new_state [N, *rnn_state_shape])``.
         """
-        x = self._core_input(self._features(obs), reset, prev_action, prev_reward, prev_done)
+        x = self._core_input(self._features(obs, inference=True), reset, prev_action, prev_reward, prev_done)
         h, new_state = self.core.step(x, state, reset)
         actions, logp, values = self._act_heads(h, obs.shape[0], deterministic, with_value)
         return actions, logp, values, new_state
