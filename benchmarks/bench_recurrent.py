@@ -3,6 +3,7 @@
     python benchmarks/bench_recurrent.py run --out DIR [--seconds 240]   # trains the runs (nice -n 10), one at a time
     python benchmarks/bench_recurrent.py curves --runs DIR               # -> benchmarks/results/recurrent_pomdp.*
     python benchmarks/bench_recurrent.py staleness                       # -> benchmarks/results/recurrent_staleness.*
+    python benchmarks/bench_recurrent.py cost                            # -> benchmarks/results/recurrent_cost.*
 
 ``run``: HalfCheetah with the velocities removed from its observation (task option
 ``include_velocities_in_observation=false``: 8 joint positions, no velocities), the trainer's defaults otherwise,
@@ -20,6 +21,13 @@ ago) and from the state the final weights themselves reach at the slot start (ch
 whose state is exactly zero). Reported per age bucket: the total-variation distance between the two action
 distributions (2 actions: |p_stored(a) - p_fresh(a)|), over all rows, over the rows after a burn-in of k steps,
 and over the query rows (where the recalled cue decides the reward).
+
+``cost``: CPU seconds (the process clock, so another process's load does not enter, unlike wall-clock rates) per env
+step of the three parts of sampler + inference on Ant: one ``env.step`` of the mujoco backend (1 simulator
+thread), the MLP policy's ``act`` and the GRU policy's ``act_recurrent`` on a split of envs (torch 1 thread),
+interleaved over rounds. The recurrent policy's share of the MLP's sampler + inference throughput on a CPU-bound
+machine is then ``(env + mlp) / (env + gru)``; the FPS suite's ``inference_rnn`` stage measures it directly in
+wall-clock time where the machine is quiet enough for that.
 """
 
 from __future__ import annotations
@@ -210,6 +218,54 @@ def staleness(args: argparse.Namespace) -> dict:
     return out
 
 
+def cost(args: argparse.Namespace) -> dict:
+    import torch
+    from sample_fast.envs import make
+
+    from sample_fast.policy import ActorCritic, PolicyConfig
+
+    torch.set_num_threads(1)
+    n = args.num_envs
+    env = make("ant", n, backend="mujoco", num_threads=1, seed=0)
+    obs, _ = env.reset(seed=0)
+    low, high = env.action_spec.low, env.action_spec.high
+    actions = [low + (high - low) * torch.rand(n, *low.shape) for _ in range(8)]
+    torch.manual_seed(0)
+    mlp = ActorCritic(env.observation_spec, env.action_spec, PolicyConfig(hidden_sizes=[64, 64]))
+    gru = ActorCritic(env.observation_spec, env.action_spec,
+                      PolicyConfig(hidden_sizes=[64], rnn="gru", rnn_size=args.rnn_size))  # fmt: skip
+    state, reset = gru.initial_state(n), torch.zeros(n, dtype=torch.bool)
+    cases = {
+        "env_step": lambda k: env.step(actions[k % 8]),
+        "mlp_act": lambda k: mlp.act(obs, with_value=False),
+        "gru_act": lambda k: gru.act_recurrent(obs, state, reset),
+    }
+    per_step = {name: [] for name in cases}
+    for _ in range(args.rounds):
+        for name, fn in cases.items():
+            timed = harness.time_calls(fn, args.calls)
+            per_step[name].append(timed.cpu_s / (timed.calls * n) * 1e6)  # CPU µs per env step
+    env.close()
+    med = {name: harness.median(v) for name, v in per_step.items()}
+    share = (med["env_step"] + med["mlp_act"]) / (med["env_step"] + med["gru_act"])
+    lines = ["# CPU cost per env step: Ant env step, MLP act, GRU act (1 thread each)", "",
+             f"Command: `python benchmarks/bench_recurrent.py cost --num-envs {n} --rnn-size {args.rnn_size}` "
+             f"({args.rounds} interleaved rounds of {args.calls} calls on {n} envs; the process CPU clock, so other "
+             "processes' load does not enter; MLP 64x64, GRU: MLP encoder [64] + GRU "
+             f"{args.rnn_size}).", "",
+             "| part | CPU µs per env step (median) | rounds (min-max) |", "| --- | --- | --- |"]  # fmt: skip
+    for name, v in per_step.items():
+        lines.append(f"| {name} | {med[name]:.2f} | {min(v):.2f}-{max(v):.2f} |")
+    lines += ["", f"GRU sampler + inference as a share of the MLP's, CPU-bound: (env + mlp) / (env + gru) = "
+              f"**{share:.3f}**"]  # fmt: skip
+    out = {"meta": {"num_envs": n, "rnn_size": args.rnn_size, "rounds": args.rounds, "calls": args.calls,
+                    "machine": harness.machine_record()},
+           "cpu_us_per_env_step": per_step, "median": med, "gru_share_of_mlp": share}  # fmt: skip
+    harness.write_results(RESULTS, "recurrent_cost", out, "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -228,9 +284,14 @@ def main() -> None:
     st.add_argument("--rollout-len", type=int, default=12)
     st.add_argument("--recall-steps", type=int, default=8)
     st.add_argument("--seed", type=int, default=0)
+    co = sub.add_parser("cost")
+    co.add_argument("--num-envs", type=int, default=64, help="envs per split (the trainer: 128 envs / 2 splits)")
+    co.add_argument("--rnn-size", type=int, default=64)
+    co.add_argument("--rounds", type=int, default=7)
+    co.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
-    {"run": run, "curves": curves, "staleness": staleness}[args.cmd](args)
+    {"run": run, "curves": curves, "staleness": staleness, "cost": cost}[args.cmd](args)
 
 
 if __name__ == "__main__":
