@@ -5,6 +5,8 @@ mask and non-finite recovery (skip, then roll back to the last good state with a
 the policy's observation statistics but never touches an env, a process or the ParamStore: the runner publishes
 weights after ``train``. The math lives in ``sample_fast.losses``, ``sample_fast.targets`` (V-trace targets) and
 ``sample_fast.extensions`` (the V-trace kernels). See docs/learner.md for the objective and every config field.
+A recurrent policy's slots are re-run from their stored state, minibatches are whole env columns, and replayed
+recurrent segments can be burned in (docs/recurrent.md).
 """
 
 from __future__ import annotations
