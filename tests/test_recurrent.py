@@ -226,8 +226,8 @@ def test_gru_recalls_the_cue_and_an_mlp_stays_at_chance(one_thread):
 def test_trial_memory_beats_episode_memory_on_the_bandit(one_thread):
     # 2 arms paying 0.9 / 0.1, one pull per episode, 8 pulls per trial: without memory across episodes 0.5 per pull.
     options = {"kind": "bandit", "trial_episodes": 8}
-    trial = _train(options, PolicyConfig(hidden_sizes=[32], rnn="gru", rnn_size=32, memory="trial"), 80_000, 16)
-    episode = _train(options, PolicyConfig(hidden_sizes=[32], rnn="gru", rnn_size=32), 80_000, 16)
+    trial = _train(options, PolicyConfig(hidden_sizes=[32], rnn="gru", rnn_size=32, memory="trial"), 64_000, 16)
+    episode = _train(options, PolicyConfig(hidden_sizes=[32], rnn="gru", rnn_size=32), 64_000, 16)
     trial_rate, episode_rate = sum(trial[-2000:]) / 2000, sum(episode[-2000:]) / 2000
     assert trial_rate >= 0.75, trial_rate  # the optimum is ~0.85 (the first pull of a trial is a coin flip)
     assert 0.45 <= episode_rate <= 0.55, episode_rate  # 2000 pulls at 0.5: std 0.011
