@@ -121,7 +121,7 @@ def _override_for(full_key: str, overrides: list[str]) -> str | None:
 def check_ranges(cfg: TrainConfig) -> None:
     """A NaN anywhere, or a learner/policy number float32 cannot hold (``learner.lr=1e39``: today an overflow
     traceback deep in the optimizer), is a ConfigError naming the key and the preset's value."""
-    for section in ("learner", "policy", "replay", "run", "sampler", "logging"):
+    for section in ("learner", "policy", "replay", "run", "sampler", "runner", "logging"):
         obj = getattr(cfg, section)
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)

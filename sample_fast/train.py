@@ -437,7 +437,7 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
         raise RunFailed(f"cannot prepare the run directory {e.filename or rdir}: {describe_os_error(e)}; "
                         "pick a writable run.dir") from None  # fmt: skip
 
-    torch.set_num_threads(cfg.sampler.learner_threads)
+    torch.set_num_threads(cfg.runner.learner_threads)
     # the newest intact state, best.pt included; a corrupt file is renamed aside (*.corrupt) with a warning
     latest = ckpt.load_resume()
     resume_state = latest[0] if latest is not None else None
@@ -496,8 +496,9 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
     try:
         sampler_rng = resume_state.get("sampler_rng") if resume_state is not None else None
         runner = Runner(
-            env_fn, policy_fn, learner_fn, sampler_cfg, mode=cfg.run.mode, hooks=hooks, sampler_rng_state=sampler_rng
-        )
+            env_fn, policy_fn, learner_fn, sampler_cfg, cfg.runner, mode=cfg.run.mode, hooks=hooks,
+            sampler_rng_state=sampler_rng,
+        )  # fmt: skip
         hooks.runner = runner
         hooks._start_rollbacks = int(getattr(runner.learner, "rollbacks", 0))  # cumulative: restored on resume
         injector.wrap_learner(runner.learner)

@@ -170,7 +170,7 @@ def test_burn_in_rows_get_no_gradient():
 
 
 def _train(kind_options: dict, policy_cfg: PolicyConfig, env_steps: int, rollout_len: int) -> list[float]:
-    from sample_fast.runner import Runner
+    from sample_fast.runner import Runner, RunnerConfig
 
     returns: list[float] = []
 
@@ -184,10 +184,11 @@ def _train(kind_options: dict, policy_cfg: PolicyConfig, env_steps: int, rollout
         def on_stop(self, env_steps, reason):
             pass
 
-    cfg = SamplerConfig(rollout_len=rollout_len, num_splits=2, num_slots=4, seed=0, poll_s=0.05)
+    cfg = SamplerConfig(rollout_len=rollout_len, num_splits=2, num_slots=4, seed=0)
     runner = Runner(functools.partial(make, "toy", 64, **kind_options),
                     functools.partial(_toy_policy, kind_options, policy_cfg),
-                    functools.partial(_toy_learner), cfg, mode="serial", hooks=Hooks())  # fmt: skip
+                    functools.partial(_toy_learner), cfg, RunnerConfig(poll_s=0.05), mode="serial",
+                    hooks=Hooks())  # fmt: skip
     runner.run(total_env_steps=env_steps)
     return returns
 
@@ -270,13 +271,13 @@ def test_r2d2_priority_mixes_max_and_mean():
 @pytest.mark.parametrize("rnn", ["gru", "lstm"])
 def test_recurrent_policy_trains_in_async_mode(rnn, one_thread):
     """The sampler process acts with its own copy of the recurrent policy and fills shared slots with the state."""
-    from sample_fast.runner import Runner
+    from sample_fast.runner import Runner, RunnerConfig
 
     options = {"kind": "recall", "recall_steps": 4}
-    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0, poll_s=0.05, shutdown_timeout_s=5.0)
+    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0)
     policy_cfg = PolicyConfig(hidden_sizes=[16], rnn=rnn, rnn_size=8)
     runner = Runner(functools.partial(make, "toy", 8, **options), functools.partial(_toy_policy, options, policy_cfg),
-                    _toy_learner, cfg, mode="async")  # fmt: skip
+                    _toy_learner, cfg, RunnerConfig(poll_s=0.05, shutdown_timeout_s=5.0), mode="async")  # fmt: skip
     summary = runner.run(total_env_steps=8 * 4 * 6)
     assert summary["env_steps"] >= 8 * 4 * 6 and runner.learner.policy_version >= 3  # trained on shared slots
 

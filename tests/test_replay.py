@@ -362,11 +362,12 @@ def test_runner_trains_with_replay_in_both_modes(mode, one_thread):
 
     from sample_fast.envs import make
 
-    from sample_fast.runner import Runner
+    from sample_fast.runner import Runner, RunnerConfig
     from sample_fast.sampler import SamplerConfig
 
-    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0, poll_s=0.05, shutdown_timeout_s=5.0)
-    runner = Runner(functools.partial(make, "toy", 16), toy_policy, replay_learner, cfg, mode=mode)
+    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0)
+    rcfg = RunnerConfig(poll_s=0.05, shutdown_timeout_s=5.0)
+    runner = Runner(functools.partial(make, "toy", 16), toy_policy, replay_learner, cfg, rcfg, mode=mode)
     summary = runner.run(total_env_steps=8 * 8 * 12)
     replay = runner.learner.replay
     assert summary["env_steps"] >= 8 * 8 * 12
