@@ -118,7 +118,9 @@ def _velocity(before: Any, after: Any, dt: float) -> Any:
 
 # ----- Ant (gymnasium/envs/mujoco/ant_v5.py) -----------------------------------------------------------------
 def _ant_obs(xp, p: Physics, o, c):
-    parts = [p.qpos[..., 2:] if o["exclude_current_positions_from_observation"] else p.qpos, p.qvel]
+    parts = [p.qpos[..., 2:] if o["exclude_current_positions_from_observation"] else p.qpos]
+    if o["include_velocities_in_observation"]:  # False: a partially observed task (docs/recurrent.md)
+        parts.append(p.qvel)
     if o["include_cfrc_ext_in_observation"]:
         lo, hi = o["contact_force_range"]
         f = xp.clip(p.cfrc_ext[..., 1:, :], lo, hi)
@@ -151,6 +153,8 @@ def _ant_reward(xp, p: Physics, o, c, action, velocity):
 # ----- HalfCheetah (half_cheetah_v5.py) ----------------------------------------------------------------------
 def _x_obs(xp, p: Physics, o, c, clip_qvel: bool = False):
     pos = p.qpos[..., 1:] if o["exclude_current_positions_from_observation"] else p.qpos
+    if not o.get("include_velocities_in_observation", True):  # a partially observed task (docs/recurrent.md)
+        return pos
     vel = xp.clip(p.qvel, -10.0, 10.0) if clip_qvel else p.qvel
     return xp.concatenate([pos, vel], axis=-1)
 
@@ -234,12 +238,14 @@ def _humanoid_healthy(xp, p: Physics, o):
 
 # ----- obs sizes (used for specs before any physics runs) ----------------------------------------------------
 def _ant_size(c: ModelConsts, o):
-    n = c.nq - 2 * o["exclude_current_positions_from_observation"] + c.nv
+    n = c.nq - 2 * o["exclude_current_positions_from_observation"] + c.nv * o["include_velocities_in_observation"]
     return n + (c.nbody - 1) * 6 * o["include_cfrc_ext_in_observation"]
 
 
 def _x_size(c: ModelConsts, o):
-    return c.nq - o["exclude_current_positions_from_observation"] + c.nv
+    return (
+        c.nq - o["exclude_current_positions_from_observation"] + c.nv * o.get("include_velocities_in_observation", True)
+    )
 
 
 def _humanoid_size(c: ModelConsts, o):
@@ -272,6 +278,9 @@ TASKS: dict[str, TaskDef] = {
             "reset_noise_scale": 0.1,
             "exclude_current_positions_from_observation": True,
             "include_cfrc_ext_in_observation": True,
+            # False: joint and body velocities leave the observation (a POMDP: a policy must infer them from
+            # successive positions, i.e. needs memory; docs/recurrent.md). Not a gymnasium option.
+            "include_velocities_in_observation": True,
         },
         observation=_ant_obs,
         position=_ant_pos,
@@ -293,6 +302,8 @@ TASKS: dict[str, TaskDef] = {
             "reset_noise_scale": 0.1,
             "exclude_current_positions_from_observation": True,
             "terminate_when_unhealthy": False,
+            # False: velocities leave the observation (a POMDP, docs/recurrent.md). Not a gymnasium option.
+            "include_velocities_in_observation": True,
         },
         observation=_x_obs,
         position=_x_pos,

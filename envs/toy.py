@@ -17,6 +17,20 @@ Three kinds (option ``kind``):
 Every episode is truncated after ``max_episode_steps`` steps. With ``terminate_on_miss`` an episode terminates on a
 "miss" (discrete: wrong action; continuous: ``mean((action - target)^2) > miss_threshold``), so both the terminated
 and the truncated paths get exercised. Either way ``optimal_return == max_episode_steps``.
+
+Two kinds need memory (docs/recurrent.md):
+
+* ``"recall"`` (cue recall): an episode of ``recall_steps`` steps. obs ``[one_hot(cue, num_cues) at t = 0 only,
+  query flag]``: the cue is shown at the first step and never again, the query flag is 1 at the last step only.
+  ``num_cues`` actions; reward 1 at the last step if the action is the cue, else 0 (every other step: 0); the
+  last step terminates. A feed-forward policy sees the same observation at the query whatever the cue: its best
+  return is the chance ``1 / num_cues``; a policy that remembers the cue gets 1.
+* ``"bandit"`` (RL², Duan et al. 2016): a ``num_actions``-armed Bernoulli bandit. Every episode is one pull
+  (terminated after it, reward 1 with the arm's probability); a trial is ``trial_episodes`` episodes on the same
+  arms, then a new best arm is drawn: one arm pays with ``best_p``, the others with ``1 - best_p``. ``info``
+  gains ``trial_end`` ``[N]`` bool (the step ended a trial). The observation is a constant ``[1.0]``: a policy
+  that forgets at episode ends gets ``1 / num_actions * best_p + (1 - 1 / num_actions) * (1 - best_p)`` per
+  pull at best (0.5 with 2 arms); one that remembers the trial's pulls and rewards finds the best arm.
 """
 
 from __future__ import annotations
@@ -37,12 +51,24 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "terminate_on_miss": False,
     "miss_threshold": 0.25,
     "image_size": 12,
+    "recall_steps": 8,
+    "num_cues": 2,
+    "trial_episodes": 8,
+    "best_p": 0.9,
 }
+
+#: Defaults that differ by kind (a bandit has 2 arms unless told otherwise).
+_KIND_DEFAULTS: dict[str, dict[str, Any]] = {"bandit": {"num_actions": 2}}
+
+#: The kinds that need memory (module docstring).
+MEMORY_KINDS = ("recall", "bandit")
 
 _KIND_OPTIONS: dict[str, tuple[str, ...]] = {
     "continuous": ("kind", "dim", "max_episode_steps", "terminate_on_miss", "miss_threshold"),
     "discrete": ("kind", "num_states", "num_actions", "max_episode_steps", "terminate_on_miss"),
     "image": ("kind", "image_size", "num_actions", "max_episode_steps", "terminate_on_miss"),
+    "recall": ("kind", "recall_steps", "num_cues"),
+    "bandit": ("kind", "num_actions", "trial_episodes", "best_p"),
 }
 
 
@@ -71,10 +97,18 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
             list(valid),
             hint=hint,
         )
-    opts = {k: options.get(k, DEFAULT_OPTIONS[k]) for k in valid}
-    for key in ("max_episode_steps", "dim", "num_states", "num_actions", "image_size"):
+    defaults = {**DEFAULT_OPTIONS, **_KIND_DEFAULTS.get(kind, {})}
+    opts = {k: options.get(k, defaults[k]) for k in valid}
+    for key in ("max_episode_steps", "dim", "num_states", "num_actions", "image_size", "recall_steps", "num_cues",
+                "trial_episodes"):  # fmt: skip
         if key in opts:
             _positive_int(opts, key)
+    if kind == "recall" and (opts["recall_steps"] < 2 or opts["num_cues"] < 2):
+        raise EnvError(f"toy kind=recall needs recall_steps >= 2 (cue, then query) and num_cues >= 2, got "
+                       f"recall_steps={opts['recall_steps']}, num_cues={opts['num_cues']}")  # fmt: skip
+    if kind == "bandit" and (opts["num_actions"] < 2 or not 0.5 <= opts["best_p"] <= 1.0):
+        raise EnvError(f"toy kind=bandit needs num_actions >= 2 arms and 0.5 <= best_p <= 1, got "
+                       f"num_actions={opts['num_actions']}, best_p={opts['best_p']!r}")  # fmt: skip
     if kind == "image" and opts["image_size"] < opts["num_actions"]:
         raise EnvError(f"toy option image_size ({opts['image_size']}) must be >= num_actions ({opts['num_actions']}): "
                        "each action needs a column band of at least one pixel")  # fmt: skip
@@ -107,6 +141,9 @@ class ToyEnv(BatchedEnv):
         self.name = name
         self.num_envs = num_envs
         self.device = torch.device(device)
+        if kind in MEMORY_KINDS:
+            self._init_memory_kind(opts, seed)
+            return
         self.max_episode_steps = opts["max_episode_steps"]
         self.terminate_on_miss = bool(opts["terminate_on_miss"])
         horizon = self.max_episode_steps
@@ -149,9 +186,41 @@ class ToyEnv(BatchedEnv):
         self._mask_gen.manual_seed(_mask_seed(seed))
         self._tracker = EpisodeTracker(num_envs, self.device)
 
+    def _init_memory_kind(self, opts: dict[str, Any], seed: int) -> None:
+        """The ``recall`` and ``bandit`` kinds (module docstring): discrete actions, float observations."""
+        self.terminate_on_miss = False
+        if self.kind == "recall":
+            self.max_episode_steps = opts["recall_steps"]
+            self.num_actions = self.num_cues = opts["num_cues"]
+            obs_dim = self.num_cues + 1  # the cue's one-hot, the query flag
+            self.optimal_return, self.random_return = 1.0, 1.0 / self.num_cues
+        else:
+            self.max_episode_steps = 1  # one pull per episode
+            self.num_actions, self.trial_episodes = opts["num_actions"], opts["trial_episodes"]
+            self.best_p = float(opts["best_p"])
+            obs_dim = 1
+            self.optimal_return = self.best_p  # per pull, knowing the best arm
+            p = 1.0 / self.num_actions  # an arm chosen without memory is the best one with probability 1 / n
+            self.random_return = p * self.best_p + (1.0 - p) * (1.0 - self.best_p)
+            self._trial_t = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)  # episodes into the trial
+        self.has_trials = self.kind == "bandit"
+        self.action_spec = Spec(shape=(), dtype=torch.int64, num_actions=self.num_actions)
+        self.observation_spec = Spec(shape=(obs_dim,), dtype=torch.float32)
+        self._seed = seed
+        self._gen = torch.Generator(device=self.device)
+        self._gen.manual_seed(seed)
+        self._t = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        self._state = self._draw_state()  # the cue (recall) or the best arm (bandit) [N]
+        self._gen.manual_seed(seed)
+        self._mask_gen = torch.Generator(device=self.device)  # partial resets: their own stream (see __init__)
+        self._mask_gen.manual_seed(_mask_seed(seed))
+        self._tracker = EpisodeTracker(self.num_envs, self.device)
+
     # ----- helpers --------------------------------------------------------------------------------------------
     def _draw_state(self, gen: torch.Generator | None = None) -> torch.Tensor:
         n, gen = self.num_envs, self._gen if gen is None else gen
+        if self.kind in MEMORY_KINDS:
+            return torch.randint(0, self.num_actions, (n,), generator=gen, device=self.device)
         if self.kind == "continuous":
             return torch.rand(n, self.dim, generator=gen, device=self.device) * 2.0 - 1.0
         if self.kind == "image":  # [N, 2]: the bright pixel's (row, column)
@@ -159,6 +228,12 @@ class ToyEnv(BatchedEnv):
         return torch.randint(0, self.num_states, (n,), generator=gen, device=self.device)
 
     def _observe(self, state: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.kind == "bandit":
+            return torch.ones(self.num_envs, 1, device=self.device)
+        if self.kind == "recall":
+            cue = torch.nn.functional.one_hot(state, self.num_cues).to(torch.float32) * (t == 0).unsqueeze(-1)
+            query = (t == self.max_episode_steps - 1).to(torch.float32).unsqueeze(-1)
+            return torch.cat([cue, query], dim=-1)
         if self.kind == "image":
             frames = torch.zeros(self.num_envs, 1, self.image_size, self.image_size, dtype=torch.uint8,
                                  device=self.device)  # fmt: skip
@@ -176,6 +251,8 @@ class ToyEnv(BatchedEnv):
             self._gen.manual_seed(seed)
             self._mask_gen.manual_seed(_mask_seed(seed))
         self._t.zero_()
+        if self.kind == "bandit":
+            self._trial_t.zero_()
         self._state = self._draw_state()
         self._tracker.reset()
         return self._observe(self._state, self._t), {}
@@ -185,11 +262,15 @@ class ToyEnv(BatchedEnv):
         mask = env_mask.unsqueeze(-1) if self._state.ndim == 2 else env_mask
         self._state = torch.where(mask, fresh, self._state)
         self._t.masked_fill_(env_mask, 0)
+        if self.kind == "bandit":
+            self._trial_t.masked_fill_(env_mask, 0)  # a reset env starts a new trial
         self._tracker.reset(env_mask)
         return self._observe(self._state, self._t), {}
 
     def _step(self, actions: torch.Tensor) -> StepResult:
         # PERF: a handful of [N]-sized torch ops, no host syncs.
+        if self.kind in MEMORY_KINDS:
+            return self._memory_step(actions)
         if self.kind == "continuous":
             err = (actions.clamp(-1.0, 1.0) - self._state).square().mean(dim=-1)
             reward = 1.0 - err
@@ -222,6 +303,31 @@ class ToyEnv(BatchedEnv):
         }
         self._tracker.update(reward, done, info)
         return StepResult(obs, reward, terminated, truncated, info)
+
+    def _memory_step(self, actions: torch.Tensor) -> StepResult:
+        """One step of the ``recall`` or ``bandit`` kind; auto-reset in the same call, as every kind."""
+        none = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        info: dict[str, Any] = {"physics_reset": none}
+        if self.kind == "recall":
+            last = self._t == self.max_episode_steps - 1
+            reward = (last & (actions == self._state)).to(torch.float32)  # the query step: is the action the cue?
+            self._t += 1
+            terminated = last
+            info["final_obs"] = self._observe(self._state, self._t)
+            self._state = torch.where(terminated, self._draw_state(), self._state)
+            self._t.masked_fill_(terminated, 0)
+        else:
+            p = torch.where(actions == self._state, self.best_p, 1.0 - self.best_p)
+            reward = (torch.rand(self.num_envs, generator=self._gen, device=self.device) < p).to(torch.float32)
+            terminated = ~none  # every pull ends its episode
+            self._trial_t += 1
+            trial_end = self._trial_t >= self.trial_episodes
+            info["final_obs"] = self._observe(self._state, self._t)
+            info["trial_end"] = trial_end
+            self._state = torch.where(trial_end, self._draw_state(), self._state)  # a new trial: new best arm
+            self._trial_t.masked_fill_(trial_end, 0)
+        self._tracker.update(reward, terminated, info)
+        return StepResult(self._observe(self._state, self._t), reward, terminated, none, info)
 
 
 def _mask_seed(seed: int) -> int:

@@ -323,6 +323,52 @@ def _check_replay(replay: ReplayConfig, columns: int) -> None:
         )
 
 
+def _check_recurrent(cfg: TrainConfig) -> None:
+    """A recurrent policy's layout (docs/recurrent.md): minibatches of whole env columns, a burn-in that fits the
+    replayed segment, trial memory only on an env that has trials."""
+    policy, replay, sampler = cfg.policy, cfg.replay, cfg.sampler
+    columns = cfg.env.num_envs // sampler.num_splits
+    if replay.burn_in:
+        if not policy.recurrent:
+            raise ConfigError(f"replay.burn_in={replay.burn_in} refreshes a recurrent state, and policy.rnn=none; "
+                              "set policy.rnn=gru (or lstm), or replay.burn_in=0")  # fmt: skip
+        if not replay.ratio:
+            raise ConfigError(f"replay.burn_in={replay.burn_in} applies to replayed segments, and replay is off "
+                              "(replay.ratio=0); set replay.ratio (e.g. 0.5), or replay.burn_in=0")  # fmt: skip
+        if replay.burn_in >= sampler.rollout_len:
+            raise ConfigError(
+                f"replay.burn_in={replay.burn_in} must be shorter than the segment it burns in (sampler.rollout_len="
+                f"{sampler.rollout_len} steps), or nothing is left to train on; try replay.burn_in="
+                f"{max(1, sampler.rollout_len // 4)}"
+            )
+    if not policy.recurrent:
+        return
+    num_minibatches = cfg.learner.num_minibatches
+    if columns % num_minibatches:
+        near = min((d for d in range(1, columns + 1) if columns % d == 0), key=lambda d: (abs(d - num_minibatches), -d))
+        raise ConfigError(
+            f"learner.num_minibatches={num_minibatches} must divide the batch's {columns} env columns "
+            f"(env.num_envs/sampler.num_splits): a recurrent policy's minibatches are whole env columns (each re-run "
+            f"from its stored state); try learner.num_minibatches={near}"
+        )
+    if policy.memory == "trial" and not _env_has_trials(cfg.env):
+        raise ConfigError(
+            f"policy.memory=trial keeps the state across the episodes of a trial, and env {cfg.env.name!r} has no "
+            "trials (it never marks a trial end); use an env with trials (env=toy env.options.kind=bandit) or "
+            "policy.memory=episode"
+        )
+
+
+def _env_has_trials(env: EnvConfig) -> bool:
+    """Whether the env marks trial ends (``info["trial_end"]``): the toy bandit does, no other env here."""
+    if env.name != "toy":
+        return False
+    from .envs import make
+
+    with make("toy", 1, **env.options) as toy:
+        return bool(getattr(toy, "has_trials", False))
+
+
 # ----- resolve ---------------------------------------------------------------------------------------------------
 def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: bool | None = None) -> TrainConfig:
     """Check ``cfg`` and return a copy with every ``auto``/0 value fitted to this machine.
@@ -434,6 +480,7 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
             except ValueError as e:  # the component's own check; its message names the field
                 raise ConfigError(f"{section}: {e} (set it with {section}.<field>=...)") from None
     _check_policy(cfg)
+    _check_recurrent(cfg)
 
     # logging
     if log.progress not in PROGRESS:

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from .config import TrainConfig  # noqa: E402
+from .recurrent import StatefulActor  # noqa: E402
 
 VIDEO_NAME = "eval.mp4"
 #: Default cap of an Atari video, in agent steps: 5 minutes at the game's 15 agent steps per second (60 frames/s,
@@ -68,9 +69,11 @@ def evaluate(cfg: TrainConfig, policy, num_episodes: int, seed: int = 12345) -> 
         obs, _ = env.reset(seed=seed)
         returns = torch.full((num_episodes,), math.nan)
         limit = (env.max_episode_steps or 10_000) + 1
+        actor = StatefulActor(policy, num_episodes)  # carries a recurrent policy's state
         for _ in range(limit):
-            actions, _, _ = policy.act(obs, deterministic=True)
-            obs, _, terminated, truncated, info = env.step(actions)
+            actions = actor.act(obs)
+            obs, reward, terminated, truncated, info = env.step(actions)
+            actor.observe(reward, terminated, truncated, info)
             done = (terminated | truncated) & returns.isnan()
             returns[done] = info["episode_return"][done].float().cpu()
             if not returns.isnan().any():
@@ -121,12 +124,15 @@ def record_video(
         obs, _ = env.reset(seed=seed)
         limit = max_steps or env.max_episode_steps or 1000
         frames, total = 0, 0.0
+        actor = StatefulActor(policy, 1)
+        actor = StatefulActor(policy, 1)
         for _ in range(limit):
             renderer.update_scene(env.datas[0], camera=camera)
             writer.append_data(renderer.render())
             frames += 1
-            actions, _, _ = policy.act(obs, deterministic=True)
-            obs, reward, terminated, truncated, _ = env.step(actions)
+            actions = actor.act(obs)
+            obs, reward, terminated, truncated, info = env.step(actions)
+            actor.observe(reward, terminated, truncated, info)
             total += float(reward[0])
             if bool(terminated[0] | truncated[0]):
                 break  # the env has already reset this copy: the next frame would be a new episode
@@ -162,12 +168,14 @@ def record_atari_video(
         obs, _ = env.reset(seed=seed)
         limit = max_steps or ATARI_VIDEO_STEPS
         frames, total = 0, 0.0
+        actor = StatefulActor(policy, 1)
         for _ in range(limit):
             screen = env.render_rgb()[0]
             writer.append_data(screen.repeat(ATARI_VIDEO_SCALE, axis=0).repeat(ATARI_VIDEO_SCALE, axis=1))
             frames += 1
-            actions, _, _ = policy.act(obs, deterministic=True)
-            obs, reward, terminated, truncated, _ = env.step(actions)
+            actions = actor.act(obs)
+            obs, reward, terminated, truncated, info = env.step(actions)
+            actor.observe(reward, terminated, truncated, info)
             total += float(reward[0])
             if bool(terminated[0] | truncated[0]):
                 break  # the env has already reset: the next screen is a new game

@@ -5,6 +5,8 @@ mask and non-finite recovery (skip, then roll back to the last good state with a
 the policy's observation statistics but never touches an env, a process or the ParamStore: the runner publishes
 weights after ``train``. The math lives in ``sample_fast.losses``, ``sample_fast.targets`` (V-trace targets) and
 ``sample_fast.extensions`` (the V-trace kernels). See docs/learner.md for the objective and every config field.
+A recurrent policy's slots are re-run from their stored state, minibatches are whole env columns, and replayed
+recurrent segments can be burned in (docs/recurrent.md).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch import Tensor
 from sample_fast.losses import approx_kl, explained_variance, masked_mean, normalize_advantages, ppo_clip_loss
 from sample_fast.losses import value_loss as value_loss_fn
 from sample_fast.policy import ActorCritic
+from sample_fast.recurrent import RL2_KEYS, RNN_KEYS, SequenceInputs, sequence_inputs
 from sample_fast.targets import Targets, VTraceFn, _torch_vtrace, compute_targets, default_vtrace_fn, final_table
 
 if TYPE_CHECKING:  # the replay module imports torchrl (seconds): only a run with replay on loads it
@@ -155,6 +158,9 @@ class _Prepared(NamedTuple):
     num_steps: int  # T
     num_envs: int  # B: fresh env columns
     num_epochs: int  # cfg.num_epochs, or 0 when the mask selects nothing
+    sequence: SequenceInputs | None = None  # recurrent policies: stored state, resets, RL² inputs of data's columns
+    burn_in_cols: Tensor | None = None  # [B'] bool: the replayed columns, whose first burn_in rows are not trained
+    burn_in: int = 0  # R2D2 burn-in rows (replay.burn_in) of the replayed columns
 
 
 class ReturnScaler:
@@ -232,6 +238,9 @@ class Learner:
         self.cfg = cfg
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
+        #: Recurrent policies re-run each slot from its stored state; minibatches then split env columns, not time.
+        self.recurrent = bool(getattr(policy, "is_recurrent", False))
+        self.rl2 = self.recurrent and bool(getattr(policy, "rl2", False))
         self.total_env_steps = total_env_steps
         self.vtrace_fn = vtrace_fn
         self.params = [p for p in policy.parameters() if p.requires_grad]
@@ -310,10 +319,12 @@ class Learner:
         return contextlib.nullcontext()
 
     def _unpack(self, batch: Any) -> dict[str, Tensor]:
-        missing = [k for k in _REQUIRED_KEYS if k not in batch.keys()]
+        required = _REQUIRED_KEYS + (RNN_KEYS if self.recurrent else ()) + (RL2_KEYS if self.rl2 else ())
+        missing = [k for k in required if k not in batch.keys()]
         if missing:
-            raise KeyError(f"train(batch): batch lacks {missing}; see the trajectory batch table in docs/learner.md")
-        data = {k: batch[k].to(self.device, non_blocking=True) for k in (*_REQUIRED_KEYS, "policy_version")
+            raise KeyError(f"train(batch): batch lacks {missing}; see the trajectory batch table in docs/learner.md"
+                           + (" and docs/recurrent.md" if self.recurrent else ""))  # fmt: skip
+        data = {k: batch[k].to(self.device, non_blocking=True) for k in (*required, "policy_version")
                 if k in batch.keys()}  # fmt: skip
         rewards, obs = data["rewards"], data["obs"]
         if rewards.ndim != 2:
@@ -370,13 +381,20 @@ class Learner:
                                           clip=cfg.reward_clip, raw_clip=cfg.raw_reward_clip)  # fmt: skip
             data, rewards, mask, weights = self.replay.join(data, rewards, mask, replayed, self.policy_version, scale)
             weights = weights.reshape(-1)
+        sequence, burn_in_cols, burn_in = None, None, 0
+        if self.recurrent:
+            sequence = sequence_inputs(data, self.rl2)
+            burn_in = self.replay.cfg.burn_in if replayed is not None else 0
+            if burn_in:  # R2D2: the replayed columns' first rows only refresh their stale stored state
+                burn_in_cols = torch.arange(rewards.shape[1], device=self.device) >= num_envs
+                mask[:burn_in, num_envs:] = False
         num_epochs = cfg.num_epochs
         if mask is not None:
             mask = mask.reshape(-1)
             # SYNC: an all-stale batch must not reach Adam (zero gradients would still move it through momentum).
             num_epochs = cfg.num_epochs if bool(mask.any()) else 0
         return _Prepared(data, fresh, rewards, mask, weights, replayed, final_table(data), num_steps, num_envs,
-                         num_epochs)  # fmt: skip
+                         num_epochs, sequence, burn_in_cols, burn_in)  # fmt: skip
 
     def _targets(self, prep: _Prepared) -> Targets:
         """V-trace targets of the prepared batch with the current weights."""
@@ -386,6 +404,7 @@ class Learner:
                 self.policy, data["obs"], data["actions"], data["behavior_logp"], prep.rewards, data["terminated"],
                 data["truncated"], *prep.final, gamma=cfg.gamma, lam=cfg.lam, rho_clip=cfg.rho_clip,
                 c_clip=cfg.c_clip, vtrace_fn=self._vtrace_fn(), backend=cfg.advantage_backend,
+                sequence=prep.sequence,
             )  # fmt: skip
 
     def _optimize(self, prep: _Prepared) -> tuple[Targets, Targets, dict[str, list[Tensor]], bool]:
@@ -411,15 +430,40 @@ class Learner:
                 old_v_f = targets.values.reshape(flat)
             if prep.num_epochs == 0:
                 break  # targets only, for the metrics
-            perm = torch.randperm(flat, generator=self.generator).to(self.device, non_blocking=True)
-            for idx in perm.chunk(cfg.num_minibatches):
+            for idx, evaluate in self._minibatches(prep, flat):
                 mb_mask = mask[idx] if mask is not None else None
                 mb_weights = weights[idx] if weights is not None else None
-                status = self._update(obs_f[idx], act_f[idx], blogp_f[idx], adv_f[idx], vs_f[idx], old_v_f[idx],
-                                      mb_mask, sums, mb_weights)  # fmt: skip
+                obs_mb, act_mb = (obs_f[idx], act_f[idx]) if evaluate is None else (None, None)
+                status = self._update(obs_mb, act_mb, blogp_f[idx], adv_f[idx], vs_f[idx], old_v_f[idx],
+                                      mb_mask, sums, mb_weights, evaluate=evaluate)  # fmt: skip
                 if status == "rollback":
                     return first_targets, targets, sums, True
         return first_targets, targets, sums, False
+
+    def _minibatches(self, prep: _Prepared, flat: int) -> list[tuple[Tensor, Any]]:
+        """One epoch's ``(flat sample indices, evaluate)`` minibatches. Feed-forward: random samples of the T * B'
+        (``evaluate`` None: the flat obs/actions are evaluated). Recurrent: random groups of whole env columns
+        (each re-run over its T + 1 rows from its stored state), the indices in the (t, column) order of the
+        re-run's [T, b] outputs."""
+        if not self.recurrent:
+            perm = torch.randperm(flat, generator=self.generator).to(self.device, non_blocking=True)
+            return [(idx, None) for idx in perm.chunk(self.cfg.num_minibatches)]
+        num_cols = prep.rewards.shape[1]
+        perm = torch.randperm(num_cols, generator=self.generator).to(self.device, non_blocking=True)
+        rows = torch.arange(prep.num_steps, device=self.device).unsqueeze(1) * num_cols
+        return [((rows + cols).reshape(-1), functools.partial(self._evaluate_columns, prep, cols))
+                for cols in perm.chunk(self.cfg.num_minibatches)]  # fmt: skip
+
+    def _evaluate_columns(self, prep: _Prepared, cols: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Differentiable ``(target_logp, entropy, values)`` ``[T * b]`` of env columns ``cols``, re-run from their
+        stored states (truncated BPTT over the slot; resets mask the state at episode / trial starts)."""
+        data = prep.data
+        detach = prep.burn_in_cols[cols] if prep.burn_in_cols is not None else None
+        logp, entropy, values, _ = self.policy.evaluate_sequence(
+            data["obs"][:, cols], data["actions"][:, cols], prep.sequence.columns(cols), detach_cols=detach,
+            detach_at=prep.burn_in,
+        )  # fmt: skip
+        return logp.reshape(-1), entropy.reshape(-1), values[:-1].reshape(-1)
 
     def _metrics(
         self, prep: _Prepared, first_targets: Targets, sums: dict[str, list[Tensor]], extra: dict[str, Tensor],
@@ -482,8 +526,15 @@ class Learner:
 
         replay = self.replay
         b = replay.cfg.segment_envs
+        # Recurrent segments are trained after their burn-in rows only: their priority describes those rows.
+        rows = slice(replay.cfg.burn_in if self.recurrent else 0, None)
         priorities = segment_priorities(
-            targets.pg_advantages, targets.value_targets, targets.values, b, replay.cfg.priority
+            targets.pg_advantages[rows],
+            targets.value_targets[rows],
+            targets.values[rows],
+            b,
+            replay.cfg.priority,
+            replay.cfg.priority_eta,
         )
         num_fresh_segments = num_envs // b
         out: dict[str, Tensor] = {"replay_segments": torch.zeros(()), "replay_weight_mean": torch.ones(()),
@@ -502,12 +553,14 @@ class Learner:
     def _update(
         self, obs: Tensor, actions: Tensor, behavior_logp: Tensor, advantages: Tensor, value_targets: Tensor,
         old_values: Tensor, mask: Tensor | None, sums: dict[str, list[Tensor]], weights: Tensor | None = None,
+        evaluate: Any = None,
     ) -> str:  # fmt: skip
         """One minibatch step. ``weights`` ``[N]``: per-sample loss weights (replay's IS weights; None = all 1).
-        Returns "ok", "skipped" (non-finite) or "rollback"."""
+        ``evaluate``: returns ``(target_logp, entropy, values)`` in place of ``policy.evaluate(obs, actions)`` (a
+        recurrent policy's sequence re-run). Returns "ok", "skipped" (non-finite) or "rollback"."""
         cfg = self.cfg
         with self._autocast():
-            target_logp, entropy, values = self.policy.evaluate(obs, actions)
+            target_logp, entropy, values = evaluate() if evaluate is not None else self.policy.evaluate(obs, actions)
         # weights: replay's IS weights (1 for fresh columns); None without replay, the plain means bit for bit.
         policy_loss, clip_frac, _ = ppo_clip_loss(
             target_logp, behavior_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip, weights=weights

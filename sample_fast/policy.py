@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from sample_fast.envs import Spec
 
 from .encoders import ENCODERS, EncoderError, build_cnn_trunk, resolve_encoder
+from .recurrent import MEMORY_KINDS, RNN_KINDS, RecurrentCore, SequenceInputs
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
@@ -67,6 +68,16 @@ class PolicyConfig:
     actor_out_gain: float = 0.01
     #: Orthogonal-init gain of the critic's output layer (CleanRL: 1.0).
     critic_out_gain: float = 1.0
+    #: Recurrent core after the encoder: "none" (feed-forward), "gru" or "lstm". With a core, actor and critic share
+    #: the encoder (MLP: hidden_sizes; CNN: its trunk) and the core, and read it through linear heads
+    #: (docs/recurrent.md).
+    rnn: str = "none"
+    #: Units of the recurrent core.
+    rnn_size: int = 128
+    #: What the recurrent state spans: "episode" (zeroed where an episode ends, terminated or truncated) or "trial"
+    #: (RL², Duan et al. 2016: zeroed only where the env ends a trial of several episodes; the previous action, raw
+    #: reward and done flag are inputs of the core too).
+    memory: str = "episode"
 
     def validate(self) -> None:
         if not self.hidden_sizes or any(int(h) < 1 for h in self.hidden_sizes):
@@ -82,6 +93,18 @@ class PolicyConfig:
         if not self.impala_channels or any(int(c) < 1 for c in self.impala_channels):
             raise PolicyConfigError(f"impala_channels must be a non-empty list of positive ints, got "
                                     f"{self.impala_channels}")  # fmt: skip
+        if self.rnn not in RNN_KINDS:
+            raise PolicyConfigError(f"rnn {self.rnn!r} unknown; choose one of: {', '.join(RNN_KINDS)}")
+        if not isinstance(self.rnn_size, int) or isinstance(self.rnn_size, bool) or self.rnn_size < 1:
+            raise PolicyConfigError(f"rnn_size must be a positive int, got {self.rnn_size!r}")
+        if self.memory not in MEMORY_KINDS:
+            raise PolicyConfigError(f"memory {self.memory!r} unknown; choose one of: {', '.join(MEMORY_KINDS)}")
+        if self.memory == "trial" and self.rnn == "none":
+            raise PolicyConfigError("memory=trial (RL²) needs a recurrent policy: set rnn=gru (or lstm)")
+
+    @property
+    def recurrent(self) -> bool:
+        return self.rnn != "none"
 
     def check_specs(self, observation_spec: Spec, action_spec: Spec, prefix: str = "") -> str:
         """The encoder for these specs (``auto`` resolved); raises ``PolicyConfigError`` naming the fix when the
@@ -112,12 +135,17 @@ class PolicyConfig:
         return encoder
 
 
+def _at_least_f32(x: Tensor) -> Tensor:
+    """bf16 (autocast) outputs as float32; float32 and float64 (a float64 policy in tests) unchanged."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 #: PolicyConfig fields of the Gaussian policy (continuous actions only).
 _GAUSSIAN_FIELDS = ("init_log_std", "min_log_std", "max_log_std", "squash_mean")
 
 
-def _mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain: float) -> nn.Sequential:
-    """MLP with CleanRL's orthogonal init: gain sqrt(2) on hidden layers, ``out_gain`` on the last, zero biases."""
+def _hidden_layers(in_dim: int, hidden: list[int], activation: str) -> list[nn.Module]:
+    """Linear + activation per width, CleanRL's orthogonal init (gain sqrt(2), zero biases)."""
     layers: list[nn.Module] = []
     prev = in_dim
     for width in hidden:
@@ -126,6 +154,13 @@ def _mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain
         nn.init.zeros_(linear.bias)
         layers += [linear, _ACTIVATIONS[activation]()]
         prev = int(width)
+    return layers
+
+
+def _mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain: float) -> nn.Sequential:
+    """MLP with CleanRL's orthogonal init: gain sqrt(2) on hidden layers, ``out_gain`` on the last, zero biases."""
+    layers = _hidden_layers(in_dim, hidden, activation)
+    prev = int(hidden[-1]) if hidden else in_dim
     out = nn.Linear(prev, out_dim)
     nn.init.orthogonal_(out.weight, out_gain)
     nn.init.zeros_(out.bias)
@@ -208,17 +243,31 @@ class ActorCritic(nn.Module):
                 raise PolicyConfigError(f"continuous action spec has empty shape {self.act_shape}")
         self.act_dim = out_dim
         hidden = [int(h) for h in cfg.hidden_sizes]
-        #: The shared CNN trunk (None for the MLP encoder): uint8 [N, C, H, W] -> float32 [N, hidden_sizes[-1]].
+        #: The shared trunk (None for the feed-forward MLP encoder): CNN uint8 [N, C, H, W], or with a recurrent
+        #: core the MLP's hidden layers, -> float32 [N, hidden_sizes[-1]].
         self.trunk: nn.Module | None = None
-        if self.encoder == "mlp":
+        #: The recurrent core (None for a feed-forward policy); ``rl2``: it also reads the previous action, reward
+        #: and done flag (``memory=trial``).
+        self.core: RecurrentCore | None = None
+        self.rl2 = cfg.recurrent and cfg.memory == "trial"
+        if self.encoder == "mlp" and not cfg.recurrent:
             self.actor = _mlp(self.obs_dim, hidden, out_dim, cfg.activation, cfg.actor_out_gain)
             self.critic = _mlp(self.obs_dim, hidden, 1, cfg.activation, cfg.critic_out_gain)
         else:
-            self.trunk = build_cnn_trunk(self.encoder, self.obs_shape, hidden, _ACTIVATIONS[cfg.activation],
-                                         [int(c) for c in cfg.impala_channels])  # fmt: skip
-            # Linear heads on the trunk's features (``_mlp`` without hidden layers: the same init gains).
-            self.actor = _mlp(hidden[-1], [], out_dim, cfg.activation, cfg.actor_out_gain)
-            self.critic = _mlp(hidden[-1], [], 1, cfg.activation, cfg.critic_out_gain)
+            if self.encoder == "mlp":
+                self.trunk = nn.Sequential(*_hidden_layers(self.obs_dim, hidden, cfg.activation))
+            else:
+                self.trunk = build_cnn_trunk(self.encoder, self.obs_shape, hidden, _ACTIVATIONS[cfg.activation],
+                                             [int(c) for c in cfg.impala_channels])  # fmt: skip
+            head_in = hidden[-1]
+            if cfg.recurrent:
+                # RL² inputs: one-hot (discrete) or raw (continuous) previous action, raw reward, done flag.
+                extra = out_dim + 2 if self.rl2 else 0
+                self.core = RecurrentCore(cfg.rnn, hidden[-1] + extra, cfg.rnn_size)
+                head_in = cfg.rnn_size
+            # Linear heads on the shared features (``_mlp`` without hidden layers: the same init gains).
+            self.actor = _mlp(head_in, [], out_dim, cfg.activation, cfg.actor_out_gain)
+            self.critic = _mlp(head_in, [], 1, cfg.activation, cfg.critic_out_gain)
         self.squash = False
         if not self.is_discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(cfg.init_log_std)))
@@ -229,21 +278,32 @@ class ActorCritic(nn.Module):
                     self.squash = True
                     self.register_buffer("action_center", (high + low) / 2)
                     self.register_buffer("action_half_range", (high - low) / 2)
-        use_normalizer = cfg.normalize_obs and self.trunk is None  # pixels are scaled by 1/255 in the trunk instead
+        use_normalizer = cfg.normalize_obs and self.encoder == "mlp"  # pixels are scaled by 1/255 in the CNN instead
         self.normalizer = RunningNormalizer(self.obs_dim, cfg.obs_clip) if use_normalizer else None
         # Linear layers of each MLP, for the inference path (modules, not tensors: .to(), load_state_dict and deepcopy
         # stay safe).
         self._actor_linears = [layer for layer in self.actor if isinstance(layer, nn.Linear)]
+        mlp_trunk = self.trunk if self.encoder == "mlp" and self.trunk is not None else []
+        self._trunk_linears = [layer for layer in mlp_trunk if isinstance(layer, nn.Linear)]
         self._critic_linears = [layer for layer in self.critic if isinstance(layer, nn.Linear)]
 
     # ----- helpers ------------------------------------------------------------------------------------------------
-    def _features(self, obs: Tensor) -> Tensor:
-        if self.trunk is not None:
+    def _features(self, obs: Tensor, inference: bool = False) -> Tensor:
+        if self.encoder != "mlp":
             return self.trunk(obs)
         x = obs.reshape(obs.shape[0], self.obs_dim)
-        if not x.is_floating_point():  # uint8 observations are stored as uint8 and converted only here
-            x = x.float()
-        return self.normalizer(x) if self.normalizer is not None else x
+        dtype = self.critic[-1].weight.dtype
+        if x.dtype != dtype:  # uint8 observations are stored as uint8 and converted only here (float64 in tests)
+            x = x.to(dtype)
+        x = self.normalizer(x) if self.normalizer is not None else x
+        if self.trunk is None:
+            return x
+        if inference:  # PERF: the no-grad acting path, as _infer_mlp (every layer of the trunk has an activation)
+            act = _INPLACE[self.cfg.activation]
+            for linear in self._trunk_linears:
+                x = act(torch.addmm(linear.bias, x, linear.weight.t()))
+            return x
+        return self.trunk(x)
 
     def _infer_mlp(self, layers: list[nn.Linear], x: Tensor) -> Tensor:
         # PERF: addmm + in-place activation on the layers' own parameters, skipping nn.Module.__call__: ~15% less
@@ -282,7 +342,13 @@ class ActorCritic(nn.Module):
         """
         # PERF: the sampler's hot path (~3 us/sample for 2x256 on 2 threads): one normalise, one or two MLPs, a few
         # elementwise ops; no torch.distributions objects, no extra copies.
-        x = self._features(obs)
+        if self.core is not None:
+            raise RuntimeError(
+                "a recurrent policy acts with act_recurrent(obs, state, reset, ...), which carries its state"
+            )
+        return self._act_heads(self._features(obs), obs.shape[0], deterministic, with_value)
+
+    def _act_heads(self, x: Tensor, n: int, deterministic: bool, with_value: bool):
         out = self._infer_mlp(self._actor_linears, x)
         values = self._infer_mlp(self._critic_linears, x).squeeze(-1) if with_value else None
         if self.is_discrete:
@@ -298,32 +364,136 @@ class ActorCritic(nn.Module):
         # log N(a; mean, std) = -0.5 * sum(z^2) - (sum(log_std) + d * log(sqrt(2 pi))), with z = noise exactly.
         log_norm = log_std.sum() + self.act_dim * _LOG_SQRT_2PI
         if deterministic:
-            return out.reshape(obs.shape[0], *self.act_shape), (-log_norm).expand(out.shape[0]).clone(), values
+            return out.reshape(n, *self.act_shape), (-log_norm).expand(out.shape[0]).clone(), values
         noise = torch.randn_like(out)
         actions = torch.addcmul(out, noise, log_std.exp())
         logp = noise.square().sum(dim=-1).mul_(-0.5).sub_(log_norm)
-        return actions.reshape(obs.shape[0], *self.act_shape), logp, values
+        return actions.reshape(n, *self.act_shape), logp, values
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Differentiable ``(target_logp [N], entropy [N], values [N])`` (float32) of ``actions`` at ``obs``."""
+        self._feed_forward_only("evaluate")
         x = self._features(obs)
-        out = self.actor(x).float()
-        values = self.critic(x).float().squeeze(-1)
+        logp, entropy = self._logp_entropy(self.actor(x).float(), actions)
+        return logp, entropy, self.critic(x).float().squeeze(-1)
+
+    def _feed_forward_only(self, what: str) -> None:
+        if self.core is not None:
+            raise RuntimeError(f"{what}() of a recurrent policy needs its state: use evaluate_sequence / value_step")
+
+    def _logp_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """``(logp [N], entropy [N])`` of ``actions`` under the actor's output ``out`` ``[N, act_dim]``."""
         if self.is_discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             logp = logp_all.gather(-1, actions.long().reshape(-1, 1)).squeeze(-1)
             entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
-            return logp, entropy, values
+            return logp, entropy
         out = self.action_mean(out)
         log_std = self._log_std()
-        logp = self._gaussian_logp(out, log_std, actions.reshape(out.shape).float())
+        logp = self._gaussian_logp(out, log_std, actions.reshape(out.shape).to(out.dtype))
         # Entropy of a diagonal Gaussian: sum_i (log sigma_i + 0.5 * log(2 pi e)).
         entropy = (log_std + 0.5 + _LOG_SQRT_2PI).sum().expand(out.shape[0])
-        return logp, entropy, values
+        return logp, entropy
 
     def value(self, obs: Tensor) -> Tensor:
         """Critic value ``[N]`` float32 of raw ``obs`` ``[N, *obs_shape]`` (differentiable; wrap in no_grad)."""
+        self._feed_forward_only("value")
         return self.critic(self._features(obs)).float().squeeze(-1)
+
+    # ----- recurrent policies (docs/recurrent.md) -----------------------------------------------------------
+    @property
+    def is_recurrent(self) -> bool:
+        return self.core is not None
+
+    @property
+    def rnn_state_shape(self) -> tuple[int, int] | None:
+        """Per-env state shape ``(1, rnn_size)`` (GRU) or ``(2, rnn_size)`` (LSTM); None for a feed-forward policy."""
+        return None if self.core is None else self.core.state_shape
+
+    def initial_state(self, num_envs: int, device: torch.device | str | None = None) -> Tensor:
+        """Zero states ``[num_envs, *rnn_state_shape]`` in the policy's dtype."""
+        weight = self.critic[-1].weight
+        return torch.zeros(num_envs, *self.rnn_state_shape, dtype=weight.dtype, device=device or weight.device)
+
+    def _core_input(self, feats: Tensor, reset: Tensor, prev_action: Tensor | None, prev_reward: Tensor | None,
+                    prev_done: Tensor | None) -> Tensor:  # fmt: skip
+        """Encoder features ``[N, F]``, with RL² inputs appended (zeroed where ``reset``: a new trial)."""
+        if not self.rl2:
+            return feats
+        n = feats.shape[0]
+        if self.is_discrete:
+            action = nn.functional.one_hot(prev_action.reshape(n).long(), self.act_dim).to(feats.dtype)
+        else:
+            action = prev_action.reshape(n, self.act_dim).to(feats.dtype)
+        extra = torch.cat([action, prev_reward.reshape(n, 1).to(feats.dtype), prev_done.reshape(n, 1).to(feats.dtype)],
+                          dim=-1)  # fmt: skip
+        return torch.cat([feats, torch.where(reset.view(n, 1), torch.zeros((), dtype=extra.dtype), extra)], dim=-1)
+
+    @torch.no_grad()
+    def act_recurrent(
+        self, obs: Tensor, state: Tensor, reset: Tensor, prev_action: Tensor | None = None,
+        prev_reward: Tensor | None = None, prev_done: Tensor | None = None, deterministic: bool = False, *,
+        with_value: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:  # fmt: skip
+        """One step of a recurrent policy for all ``N`` envs at once: ``obs`` ``[N, *obs_shape]``, ``state``
+        ``[N, *rnn_state_shape]`` (the state after the previous step), ``reset`` ``[N]`` bool (zero the state
+        first: the previous step ended the episode, or the trial), with ``memory=trial`` the previous step's
+        action ``[N, *act_shape]``, raw reward ``[N]`` and done flag ``[N]`` bool.
+
+        Returns ``(actions, behavior_logp [N], values [N] or None, new_state [N, *rnn_state_shape])``.
+        """
+        x = self._core_input(self._features(obs, inference=True), reset, prev_action, prev_reward, prev_done)
+        h, new_state = self.core.step(x, state, reset)
+        actions, logp, values = self._act_heads(h, obs.shape[0], deterministic, with_value)
+        return actions, logp, values, new_state
+
+    def evaluate_sequence(
+        self, obs: Tensor, actions: Tensor, seq: SequenceInputs, *, detach_cols: Tensor | None = None,
+        detach_at: int = 0,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+        """Re-run the policy over ``S`` rows of ``B`` envs from the stored state (truncated BPTT over the rows).
+
+        Args:
+            obs: ``[S, B, *obs_shape]`` raw observations (a slot's ``S = T + 1`` rows, the bootstrap row last).
+            actions: ``[T, B, *act_shape]`` (T <= S) the actions taken at rows 0..T-1.
+            seq: the stored state, per-row reset flags and RL² inputs (``sample_fast.recurrent.SequenceInputs``).
+            detach_cols, detach_at: ``[B]`` bool: for these columns the state entering row ``detach_at`` is
+                detached (R2D2 burn-in: the rows before it are run without gradient reaching them).
+
+        Returns differentiable ``(target_logp [T, B], entropy [T, B], values [S, B], states [S, B, *state])``
+        (float32 heads, float64 for a float64 policy; ``states[s]``: the state after row s, before any reset).
+        """
+        num_rows, num_envs = obs.shape[:2]
+        num_steps = actions.shape[0]
+        # PERF: the encoder runs once over all S * B rows; only the core steps row by row.
+        feats = self._features(obs.reshape(num_rows * num_envs, *obs.shape[2:])).reshape(num_rows, num_envs, -1)
+        state = seq.state0.to(feats.dtype)
+        outs, states = [], []
+        for s in range(num_rows):
+            if detach_cols is not None and s == detach_at:
+                state = torch.where(detach_cols.view(-1, 1, 1), state.detach(), state)
+            prev = (None, None, None) if not self.rl2 else (seq.prev_action[s], seq.prev_reward[s], seq.prev_done[s])
+            h, state = self.core.step(self._core_input(feats[s], seq.reset[s], *prev), state, seq.reset[s])
+            outs.append(h)
+            states.append(state)
+        h = torch.stack(outs)  # [S, B, H]
+        values = _at_least_f32(self.critic(h.reshape(num_rows * num_envs, -1))).reshape(num_rows, num_envs)
+        out = _at_least_f32(self.actor(h[:num_steps].reshape(num_steps * num_envs, -1)))
+        logp, entropy = self._logp_entropy(out, actions.reshape(num_steps * num_envs, *actions.shape[2:]))
+        return (logp.reshape(num_steps, num_envs), entropy.reshape(num_steps, num_envs), values,
+                torch.stack(states))  # fmt: skip
+
+    def value_step(self, obs: Tensor, state: Tensor, prev_action: Tensor | None = None,
+                   prev_reward: Tensor | None = None) -> Tensor:  # fmt: skip
+        """Critic value ``[K]`` float32 of ``obs`` ``[K, *obs_shape]`` one step after ``state`` ``[K, *state]``, no
+        reset: the true final observation of a truncated step, from the state that step left (RL²: its action
+        and raw reward, done flag 0, as if the time limit had not cut the episode)."""
+        n = obs.shape[0]
+        no_reset = torch.zeros(n, dtype=torch.bool, device=obs.device)
+        prev_done = None if prev_action is None else no_reset
+        x = self._core_input(self._features(obs), no_reset, prev_action, prev_reward, prev_done)
+        h, _ = self.core.step(x, state.to(x.dtype), no_reset)
+        return _at_least_f32(self.critic(h)).squeeze(-1)
 
     @torch.no_grad()
     def update_normalizer(self, obs: Tensor) -> None:

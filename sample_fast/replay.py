@@ -33,6 +33,11 @@ __all__ = [
 #: truncation side table (``FINAL_KEYS``: the final observations of its truncated steps, env indices local to it).
 SEGMENT_KEYS = ("actions", "behavior_logp", "rewards", "terminated", "truncated", "policy_version")
 FINAL_KEYS = ("final_obs", "final_step_idx", "final_env_idx", "final_count")
+#: A recurrent policy's slot keys (docs/recurrent.md), kept when the batch has them: ``rnn_reset`` ``[T + 1, B]`` is
+#: time-major like ``obs``; the slot-start keys are per env column ``[B, ...]`` (a segment keeps its ``b`` rows: the
+#: stored state R2D2 replays from, stale by the segment's age).
+RNN_TIME_KEYS = ("rnn_reset",)
+COLUMN_KEYS = ("rnn_state", "prev_action", "prev_reward", "prev_done")
 
 
 class SegmentPrioritySampler(Sampler):
@@ -129,12 +134,14 @@ class ReplaySample(NamedTuple):
 
 
 def segment_priorities(
-    pg_advantages: Tensor, value_targets: Tensor, values: Tensor, segment_envs: int, kind: str = "pg_advantage"
-) -> Tensor:
+    pg_advantages: Tensor, value_targets: Tensor, values: Tensor, segment_envs: int, kind: str = "pg_advantage",
+    eta: float = 0.0,
+) -> Tensor:  # fmt: skip
     """Per-segment priorities ``[B / b]`` from ``[T, B]`` float32 targets (B = a multiple of ``segment_envs``).
 
-    ``pg_advantage``: mean over the segment's T * b samples of |A_t| (raw V-trace pg advantages, not normalised);
-    ``value_error``: mean of |vs_t - V(x_t)|.
+    Errors: ``pg_advantage``: |A_t| (raw V-trace pg advantages, not normalised); ``value_error``: |vs_t - V(x_t)|.
+    Priority over the segment's T * b samples: ``eta * max + (1 - eta) * mean`` (R2D2, Kapturowski et al. 2019;
+    eta = 0: the mean).
     """
     if kind == "pg_advantage":
         err = pg_advantages.abs()
@@ -143,7 +150,9 @@ def segment_priorities(
     else:
         raise ReplayConfigError(f"replay.priority {kind!r} unknown; use one of {PRIORITY_KINDS}")
     num_steps, num_envs = err.shape
-    return err.float().reshape(num_steps, num_envs // segment_envs, segment_envs).mean(dim=(0, 2))
+    err = err.float().reshape(num_steps, num_envs // segment_envs, segment_envs).transpose(0, 1).flatten(1)
+    mean = err.mean(dim=1)
+    return mean if eta == 0.0 else eta * err.amax(dim=1) + (1.0 - eta) * mean
 
 
 class TrajectoryReplay:
@@ -167,6 +176,7 @@ class TrajectoryReplay:
         )  # fmt: skip
         self.segment_shape: tuple[int, int] | None = None  # (T, b) once the first segments arrive
         self.final_rows: int | None = None  # rows of each segment's truncation side table, once known
+        self.keys: tuple[str, ...] | None = None  # the segments' keys, once known
         self.num_added = 0
         self.num_sampled = 0
 
@@ -216,7 +226,10 @@ class TrajectoryReplay:
         b = self.cfg.segment_envs
         num_segments = num_envs // b
         fields = {}
-        for key in (*SEGMENT_KEYS, "obs"):
+        for key in COLUMN_KEYS:  # [B, ...] -> [n, b, ...]
+            if key in batch:
+                fields[key] = batch[key].to(self.device).reshape(num_segments, b, *batch[key].shape[1:])
+        for key in (*SEGMENT_KEYS, "obs", *(k for k in RNN_TIME_KEYS if k in batch)):
             if key == "policy_version" and key not in batch:
                 value = torch.full((num_steps, num_envs), policy_version, dtype=torch.int64, device=self.device)
             else:
@@ -224,6 +237,13 @@ class TrajectoryReplay:
             # [T, B, ...] -> [T, n, b, ...] -> [n, T, b, ...]: each segment keeps its time axis and its columns.
             fields[key] = value.reshape(value.shape[0], num_segments, b, *value.shape[2:]).transpose(0, 1)
         fields.update(self._segment_tables(batch, num_envs))
+        keys = tuple(sorted(fields))
+        if self.keys is not None and keys != self.keys:  # e.g. a recurrent policy's state keys appear or vanish
+            raise ReplayConfigError(
+                f"replay: the memory holds segments with keys {list(self.keys)} but this batch has {list(keys)}; "
+                "one memory holds one policy's layout (a recurrent policy's segments keep its state)"
+            )
+        self.keys = keys
         segments = TensorDict(fields, batch_size=[num_segments], device=self.device)
         index = self.buffer.extend(segments)
         index = torch.as_tensor(index, device=self.device)
@@ -282,7 +302,10 @@ class TrajectoryReplay:
         # [n, T, b, ...] -> [T, n * b, ...]: replayed segments become extra env columns of the batch.
         data = {key: segments[key].transpose(0, 1).reshape(segments[key].shape[1], num_segments * b,
                                                            *segments[key].shape[3:])
-                for key in (*SEGMENT_KEYS, "obs")}  # fmt: skip
+                for key in (*SEGMENT_KEYS, "obs", *RNN_TIME_KEYS) if key in segments.keys()}  # fmt: skip
+        for key in COLUMN_KEYS:  # [n, b, ...] -> [n * b, ...]
+            if key in segments.keys():
+                data[key] = segments[key].reshape(num_segments * b, *segments[key].shape[2:])
         # The segments' side tables, compacted into one table of the drawn columns (env index = column in data).
         valid = torch.arange(self.final_rows, device=self.device) < segments["final_count"].unsqueeze(1)
         offset = (torch.arange(num_segments, device=self.device) * b).unsqueeze(1)
@@ -326,7 +349,10 @@ class TrajectoryReplay:
         num_steps, num_envs = fresh_rewards.shape
         device = fresh_rewards.device
         data = {key: torch.cat([fresh[key], replayed[key].to(device)], dim=1)
-                for key in ("obs", *SEGMENT_KEYS[:-1])}  # fmt: skip
+                for key in ("obs", *SEGMENT_KEYS[:-1], *RNN_TIME_KEYS) if key in fresh}  # fmt: skip
+        for key in COLUMN_KEYS:
+            if key in fresh:
+                data[key] = torch.cat([fresh[key], replayed[key].to(device)], dim=0)
         # One side table for the joined columns: the fresh rows, then the replayed ones shifted past the B fresh.
         count = int(fresh["final_count"])  # SYNC: one host read sizes the fresh table
         data["final_obs"] = torch.cat([fresh["final_obs"][:count], replayed["final_obs"].to(device)])

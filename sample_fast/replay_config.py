@@ -43,6 +43,13 @@ class ReplayConfig:
     priority: str = "pg_advantage"
     #: Added to priorities so that no live segment has probability 0.
     eps: float = 1e-6
+    #: R2D2's mix (Kapturowski et al. 2019): p = eta * max + (1 - eta) * mean of the segment's absolute errors
+    #: (R2D2 uses 0.9 for its recurrent sequences); 0 = the mean alone.
+    priority_eta: float = 0.0
+    #: Recurrent policies: the first burn_in steps of a replayed segment are run from its stored (stale) state
+    #: without gradient and without loss, only to refresh the state (R2D2's burn-in); 0 = none. Must be shorter
+    #: than the segment (sampler.rollout_len).
+    burn_in: int = 0
 
     def validate(self) -> None:
         """Raise ``ReplayConfigError`` naming the fix for any inconsistent setting."""
@@ -64,3 +71,7 @@ class ReplayConfig:
             raise ReplayConfigError(f"replay.priority {self.priority!r} unknown; use one of {PRIORITY_KINDS}")
         if not self.eps > 0:
             raise ReplayConfigError(f"replay.eps must be > 0, got {self.eps}")
+        if not 0.0 <= self.priority_eta <= 1.0:
+            raise ReplayConfigError(f"replay.priority_eta must be in [0, 1] (R2D2: 0.9), got {self.priority_eta}")
+        if not isinstance(self.burn_in, int) or isinstance(self.burn_in, bool) or self.burn_in < 0:
+            raise ReplayConfigError(f"replay.burn_in must be an int >= 0 (steps), got {self.burn_in!r}")

@@ -299,7 +299,7 @@ class Runner:
         ctx = mp.get_context(self.rcfg.mp_start_method)
         start_resource_tracker()  # before the store's semaphores register with it: it must survive a group SIGHUP
         try:  # the probe env's specs, per-split count and truncation_limit size the slots (wiring.build_store)
-            self.store = build_store(first, cfg, shared=True, ctx=ctx)
+            self.store = build_store(first, cfg, shared=True, ctx=ctx, policy=self.policy)
         finally:
             first.close()
         self.param_store = ParamStore(self.policy)

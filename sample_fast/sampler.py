@@ -127,6 +127,28 @@ class _Split:
     views: dict[str, torch.Tensor] | None = None
     written: torch.Tensor | None = None  # the slot's obs_written rows (integer observations only)
     num_final: int = 0  # rows of the slot's final-obs side table written so far (host copy of final_count)
+    # Recurrent policies (docs/recurrent.md), on the policy's device, one row per env of this split:
+    rnn_state: torch.Tensor | None = None  # [B, *state] the state after the last step (before its reset)
+    reset: torch.Tensor | None = None  # [B] bool: zero the state before the next step (episode / trial ended)
+    prev_action: torch.Tensor | None = None  # RL² inputs: the last step's action, raw reward and done flag
+    prev_reward: torch.Tensor | None = None
+    prev_done: torch.Tensor | None = None
+
+
+def _check_rnn_layout(policy: Any, store: TrajectoryStore, recurrent: bool, rl2: bool) -> None:
+    """The store's slots hold exactly what this policy's recurrence needs (docs/recurrent.md)."""
+    shape = getattr(policy, "rnn_state_shape", None)
+    if recurrent and store.rnn_state_shape != tuple(shape):
+        raise ValueError(
+            f"the policy is recurrent (state {tuple(shape)} per env) but the store's slots hold "
+            f"{'no state' if store.rnn_state_shape is None else f'a state of {store.rnn_state_shape}'}; build it "
+            "with TrajectoryStore(..., rnn_state_shape=policy.rnn_state_shape, rl2=policy.rl2)"
+        )
+    if not recurrent and store.rnn_state_shape is not None:
+        raise ValueError("the store's slots hold a recurrent state but the policy is feed-forward; build it without "
+                         "rnn_state_shape")  # fmt: skip
+    if rl2 != store.rl2:
+        raise ValueError(f"policy.rl2={rl2} (memory=trial) but the store was built with rl2={store.rl2}")
 
 
 def build_split_envs(
@@ -165,7 +187,8 @@ class Sampler:
             ``act`` takes a ``with_value`` keyword it is called with ``with_value=cfg.store_values`` (no critic
             forward by default); otherwise its values are discarded unless stored.
         store: the TrajectoryStore; slots are ``[T, num_envs_per_split]``; it has a ``values`` key exactly when
-            ``cfg.store_values``.
+            ``cfg.store_values``, and a recurrent policy's keys (``rnn_state``, ``rnn_reset``; RL²: ``prev_*``)
+            exactly when the policy is recurrent (``policy.is_recurrent``; it then acts with ``act_recurrent``).
         cfg: SamplerConfig.
         param_store: async mode: newest weights are loaded from here before each policy forward (or at each slot
             start, per cfg.weights_refresh).
@@ -202,6 +225,9 @@ class Sampler:
                 f"sampler.store_values={cfg.store_values} but the store was built with store_values="
                 f"{store.store_values}; build it with TrajectoryStore(..., store_values=cfg.store_values)"
             )
+        self.recurrent = bool(getattr(policy, "is_recurrent", False))
+        self.rl2 = self.recurrent and bool(getattr(policy, "rl2", False))  # RL²: state kept across a trial
+        _check_rnn_layout(policy, store, self.recurrent, self.rl2)
         self.cfg, self.store, self.policy = cfg, store, policy
         self.param_store, self.version_fn = param_store, version_fn
         self.episodes, self.control = episodes, control
@@ -217,9 +243,22 @@ class Sampler:
         seeds = split_seeds if split_seeds is not None else [None] * len(envs)
         for split, seed in zip(self.splits, seeds, strict=True):
             split.obs, _ = split.env.reset(seed=seed)
+            if self.recurrent:
+                self._reset_memory(split)
         self._refresh_weights()
         if self.version < 0:
             raise RuntimeError("the sampler has no weights: publish to the ParamStore before starting the sampler")
+
+    def _reset_memory(self, split: _Split) -> None:
+        """Zero state, reset flags set (every env starts an episode and a trial), zero RL² inputs."""
+        n, dev = split.env.num_envs, self._policy_device
+        split.rnn_state = self.policy.initial_state(n, dev)
+        split.reset = torch.ones(n, dtype=torch.bool, device=dev)
+        if self.rl2:
+            act = split.env.action_spec
+            split.prev_action = torch.zeros((n, *act.shape), dtype=self.store.spec["prev_action"][1], device=dev)
+            split.prev_reward = torch.zeros(n, dtype=torch.float32, device=dev)
+            split.prev_done = torch.zeros(n, dtype=torch.bool, device=dev)
 
     # ----- weights --------------------------------------------------------------------------------------------
     def _refresh_weights(self) -> None:
@@ -271,9 +310,12 @@ class Sampler:
             self.version = int(self.version_fn())
         elif self.cfg.weights_refresh == "step" and split.t > 0:  # t == 0: _start_slot has just refreshed
             self.version = self.param_store.load_if_newer(self.policy, self.version)  # never blocks
-        actions, logp, values = self._act(obs.to(self._policy_device))
-        actions = actions.to(split.env.device)
         v, t = split.views, split.t
+        if self.recurrent:
+            actions, logp, values = self._act_recurrent(split, obs.to(self._policy_device))
+        else:
+            actions, logp, values = self._act(obs.to(self._policy_device))
+        actions = actions.to(split.env.device)
         v["obs"][t].copy_(obs)
         if split.written is not None:
             split.written[t].fill_(True)
@@ -285,6 +327,25 @@ class Sampler:
         split.env.send(actions)
         split.pending = True
 
+    def _act_recurrent(self, split: _Split, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """The recurrent forward of all this split's envs at once (batched: no per-env loop); the state entering
+        the slot and every row's reset flag go into the slot, so the learner can re-run the sequence."""
+        v, t = split.views, split.t
+        if t == 0:  # INVARIANT: the slot holds the state before row 0's reset, and row 0's RL² inputs
+            v["rnn_state"].copy_(split.rnn_state)
+            if self.rl2:
+                v["prev_action"].copy_(split.prev_action)
+                v["prev_reward"].copy_(split.prev_reward)
+                v["prev_done"].copy_(split.prev_done)
+        v["rnn_reset"][t].copy_(split.reset)
+        prev = (split.prev_action, split.prev_reward, split.prev_done) if self.rl2 else (None, None, None)
+        actions, logp, values, split.rnn_state = self.policy.act_recurrent(
+            obs, split.rnn_state, split.reset, *prev, with_value=self.cfg.store_values
+        )
+        if self.rl2:
+            split.prev_action = actions
+        return actions, logp, values
+
     def _receive(self, split: _Split) -> int:
         res = split.env.recv()  # SYNC: waits for this split's physics
         split.pending = False
@@ -294,6 +355,20 @@ class Sampler:
         v["truncated"][t].copy_(res.truncated)
         split.obs = res.obs
         done = res.terminated | res.truncated
+        if self.recurrent:  # the next step starts from a zero state where this one ended an episode (or a trial)
+            dev = self._policy_device
+            if self.rl2:
+                if "trial_end" not in res.info:
+                    raise RuntimeError(
+                        f"policy.memory=trial keeps the state across the episodes of a trial, but {split.env!r} does "
+                        "not mark trial ends (info['trial_end']); use an env with trials (toy kind=bandit) or "
+                        "policy.memory=episode"
+                    )
+                split.reset = res.info["trial_end"].to(dev)
+                split.prev_reward = res.reward.to(dev)
+                split.prev_done = done.to(dev)
+            else:
+                split.reset = done.to(dev)
         if bool(done.any()):  # SYNC: one host read per split-step (CPU: ~1 us)
             if self.episodes is not None:
                 self.episodes.push(res.info["episode_return"][done], res.info["episode_length"][done])
@@ -308,6 +383,8 @@ class Sampler:
         v["obs"][split.t].copy_(res.obs)
         if split.written is not None:
             split.written[split.t].fill_(True)
+        if self.recurrent:
+            v["rnn_reset"][split.t].copy_(split.reset)  # row T: the bootstrap row's reset (the next slot's row 0)
         self.store.mark_ready(split.slot_idx)
         split.slot_idx, split.views, split.written = None, None, None
         self.env_steps += self.cfg.rollout_len * self.store.num_envs

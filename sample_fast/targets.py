@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from sample_fast.policy import ActorCritic
+from sample_fast.recurrent import SequenceInputs
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def compute_targets(
     c_clip: float,
     vtrace_fn: VTraceFn | None = None,
     backend: str = "auto",
+    sequence: SequenceInputs | None = None,
 ) -> Targets:
     """V-trace targets for a time-major batch with the policy's CURRENT weights and observation statistics.
 
@@ -81,6 +83,9 @@ def compute_targets(
         terminated, truncated: ``[T, B]`` bool, kept separate.
         final_obs: ``[K, *obs_shape]`` the true final observation of each truncated, not terminated step, at
             ``(final_step_idx[k], final_env_idx[k])`` (``[K]`` int64); exactly the valid rows (no padding).
+        sequence: a recurrent policy's stored state, resets and RL² inputs: the T + 1 rows are re-run from the
+            state stored at the slot start, and each final obs is valued one step after the state its truncated
+            step left (``ActorCritic.value_step``).
 
     Bootstrapping: terminated -> none; truncated -> V(final_obs); the last step of a column -> V(obs[T]), except
     where that step truncated: obs[T] is then the reset observation of the next episode and the bootstrap is
@@ -89,13 +94,18 @@ def compute_targets(
     """
     num_steps, num_envs = rewards.shape
     flat = num_steps * num_envs
-    target_logp, _, values = policy.evaluate(
-        obs[:-1].reshape(flat, *obs.shape[2:]), actions.reshape(flat, *actions.shape[2:])
-    )
+    if sequence is not None:
+        target_logp, values, next_values = _recurrent_outputs(
+            policy, obs, actions, final_obs, final_step_idx, final_env_idx, sequence
+        )
+    else:
+        target_logp, _, values = policy.evaluate(
+            obs[:-1].reshape(flat, *obs.shape[2:]), actions.reshape(flat, *actions.shape[2:])
+        )
+        next_values = policy.value(torch.cat([obs[-1], final_obs.to(obs.dtype)], dim=0)).float()
     target_logp = target_logp.float().reshape(num_steps, num_envs)
     values = values.float().reshape(num_steps, num_envs)
 
-    next_values = policy.value(torch.cat([obs[-1], final_obs.to(obs.dtype)], dim=0)).float()
     truncation_values = torch.zeros_like(values)
     truncation_values[final_step_idx, final_env_idx] = next_values[num_envs:]
     # INVARIANT: a column whose last step truncated bootstraps from its true final obs, not from obs[T].
@@ -111,6 +121,25 @@ def compute_targets(
         gamma=gamma, lam=lam, rho_clip=rho_clip, c_clip=c_clip, truncation_values=truncation_values, backend=backend,
     )  # fmt: skip
     return Targets(pg_advantages.float(), value_targets.float(), values, target_logp)
+
+
+def _recurrent_outputs(
+    policy: ActorCritic, obs: Tensor, actions: Tensor, final_obs: Tensor, final_step_idx: Tensor,
+    final_env_idx: Tensor, sequence: SequenceInputs,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """A recurrent policy's ``(target_logp [T, B], values [T, B], next_values [B + K])``: the slot's rows re-run
+    from the stored state; ``next_values`` = V(obs[T]) then the final observations' values."""
+    num_steps = actions.shape[0]
+    target_logp, _, all_values, states = policy.evaluate_sequence(obs, actions, sequence)
+    # A truncated step t left states[t]; its final obs is the next row of the same episode (no reset), whose
+    # RL² inputs are step t's action and raw reward: row t + 1's (that row itself starts after the reset).
+    prev = ()
+    if sequence.prev_action is not None:
+        prev = (sequence.prev_action[final_step_idx + 1, final_env_idx],
+                sequence.prev_reward[final_step_idx + 1, final_env_idx])  # fmt: skip
+    final_values = policy.value_step(final_obs.to(obs.dtype), states[final_step_idx, final_env_idx], *prev)
+    next_values = torch.cat([all_values[num_steps], final_values]).float()
+    return target_logp, all_values[:num_steps], next_values
 
 
 def final_table(data: Any) -> tuple[Tensor, Tensor, Tensor]:

@@ -60,6 +60,9 @@ def trajectory_spec(
     *,
     max_episode_steps: int | None = None,
     store_values: bool = False,
+    rnn_state_shape: tuple[int, ...] | None = None,
+    rl2: bool = False,
+    rnn_state_dtype: torch.dtype = torch.float32,
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Key -> (per-slot shape, dtype) of one slot (the contract in docs/sampler.md).
 
@@ -68,6 +71,11 @@ def trajectory_spec(
     ``[K, ...]`` with ``final_step_idx``/``final_env_idx`` ``[K]`` and ``final_count`` ``[]`` hold the true final
     observation of every truncated, not terminated step (K from ``final_obs_capacity``). ``values`` only with
     ``store_values``.
+
+    A recurrent policy (``rnn_state_shape``, docs/recurrent.md) adds ``rnn_state`` ``[B, *rnn_state_shape]`` (the
+    state at the slot start, before row 0's reset) and ``rnn_reset`` ``[T + 1, B]`` bool (the state was zeroed
+    before row t); with ``rl2`` (``memory=trial``) also the slot start's ``prev_action`` ``[B, *act_shape]``,
+    ``prev_reward`` ``[B]`` and ``prev_done`` ``[B]`` (rows 1..T take theirs from the slot's own steps).
     """
     T, B = rollout_len, num_envs
     act_dtype = torch.int64 if action_spec.is_discrete else torch.float32
@@ -88,6 +96,15 @@ def trajectory_spec(
     }
     if store_values:
         spec["values"] = ((T, B), torch.float32)
+    if rnn_state_shape is not None:
+        spec["rnn_state"] = ((B, *rnn_state_shape), rnn_state_dtype)
+        spec["rnn_reset"] = ((T + 1, B), torch.bool)
+        if rl2:
+            spec["prev_action"] = ((B, *action_spec.shape), act_dtype)
+            spec["prev_reward"] = ((B,), torch.float32)
+            spec["prev_done"] = ((B,), torch.bool)
+    elif rl2:
+        raise ValueError("rl2 inputs need a recurrent state: pass rnn_state_shape too")
     return spec
 
 
@@ -130,6 +147,9 @@ class TrajectoryStore:
         max_episode_steps: the env's time limit (``env.max_episode_steps``); sizes the truncation side table
             (``final_obs_capacity``). None: the worst case, T rows per env.
         store_values: keep a ``values`` ``[T, B]`` key (the acting critic's predictions; the learner ignores it).
+        rnn_state_shape, rl2, rnn_state_dtype: a recurrent policy's per-env state shape
+            (``policy.rnn_state_shape``), whether it reads RL² inputs (``policy.rl2``) and the stored state's dtype:
+            the slot then holds the state at its start, the reset flags and the RL² inputs (``trajectory_spec``).
         device: where the tensors live. Shared memory (``shared=True``) needs the CPU.
         shared: allocate in shared memory and guard states with ``ctx``'s condition, so a child process started
             with ``ctx`` can be handed this object. False: a plain in-process store with a threading condition.
@@ -152,6 +172,9 @@ class TrajectoryStore:
         *,
         max_episode_steps: int | None = None,
         store_values: bool = False,
+        rnn_state_shape: tuple[int, ...] | None = None,
+        rl2: bool = False,
+        rnn_state_dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         shared: bool = False,
         ctx: Any = None,
@@ -174,9 +197,11 @@ class TrajectoryStore:
         self.device = device
         self.shared = shared
         self.store_values = store_values
+        self.rnn_state_shape = None if rnn_state_shape is None else tuple(rnn_state_shape)
+        self.rl2 = rl2
         self.spec = trajectory_spec(
-            observation_spec, action_spec, rollout_len, num_envs,
-            max_episode_steps=max_episode_steps, store_values=store_values,
+            observation_spec, action_spec, rollout_len, num_envs, max_episode_steps=max_episode_steps,
+            store_values=store_values, rnn_state_shape=self.rnn_state_shape, rl2=rl2, rnn_state_dtype=rnn_state_dtype,
         )  # fmt: skip
         self.final_capacity = self.spec["final_obs"][0][0]
         tensors = {key: torch.empty((num_slots, *shape), dtype=dtype, device=device)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the config module imports the components; importing it here
     from .config import EnvConfig
     from .learner import Learner, LearnerConfig
     from .policy import PolicyConfig
+    from .replay import TrajectoryReplay
     from .replay_config import ReplayConfig
     from .sampler import Sampler, SamplerConfig
     from .trajectory_store import TrajectoryStore
@@ -90,7 +91,7 @@ def build_policy(observation_spec, action_spec, policy_cfg: PolicyConfig, device
     return policy if device is None else policy.to(device)
 
 
-def build_replay(replay_cfg: ReplayConfig | None, device: str | torch.device, seed: int = 0):
+def build_replay(replay_cfg: ReplayConfig | None, device: str | torch.device, seed: int = 0) -> TrajectoryReplay | None:
     """The prioritized replay memory of the ``replay:`` section, on the learner's device; None when it is off
     (``replay.ratio == 0``: torchrl is then never imported)."""
     if replay_cfg is None or not replay_cfg.ratio:
@@ -108,9 +109,9 @@ def build_learner(
     resume_state: dict | None = None,
     replay_cfg: ReplayConfig | None = None,
 ) -> Learner:
-    """The learner (with its replay memory, when ``replay_cfg`` turns it on), with policy weights, normaliser,
-    optimizer, counters and RNG restored from ``resume_state`` (a checkpoint's dict). ``total_env_steps`` drives the
-    learning-rate schedule (None: a constant rate)."""
+    """The learner (with its replay memory when ``replay_cfg`` turns it on: ``build_replay``), with policy weights,
+    normaliser, optimizer, counters and RNG restored from ``resume_state`` (a checkpoint's dict).
+    ``total_env_steps`` drives the learning-rate schedule (None: a constant rate)."""
     from .learner import Learner
 
     policy = policy.to(device)
@@ -127,10 +128,13 @@ def build_learner(
 
 
 # ----- trajectory store and sampler ------------------------------------------------------------------------------
-def build_store(env, sampler_cfg: SamplerConfig, *, shared: bool = False, ctx: Any = None) -> TrajectoryStore:
+def build_store(
+    env, sampler_cfg: SamplerConfig, *, shared: bool = False, ctx: Any = None, policy: Any = None
+) -> TrajectoryStore:
     """The trajectory slots for one split of envs like ``env`` (its specs, per-split env count, device and
     ``truncation_limit``, which sizes the final-observation side table for the worst case: None, a gymnasium env
-    that may truncate at any step, gives a table with room for every step)."""
+    that may truncate at any step, gives a table with room for every step). A recurrent ``policy`` adds the keys
+    its state needs (``rnn_layout``)."""
     from .trajectory_store import TrajectoryStore
 
     return TrajectoryStore(
@@ -144,7 +148,15 @@ def build_store(env, sampler_cfg: SamplerConfig, *, shared: bool = False, ctx: A
         device=env.device if not shared else "cpu",
         shared=shared,
         ctx=ctx,
+        **rnn_layout(policy),
     )
+
+
+def rnn_layout(policy: Any) -> dict[str, Any]:
+    """The TrajectoryStore arguments a recurrent policy's slots need (the state at the slot start, resets, RL²
+    inputs; docs/recurrent.md); none for a feed-forward policy (or None)."""
+    shape = getattr(policy, "rnn_state_shape", None)
+    return {} if shape is None else {"rnn_state_shape": shape, "rl2": bool(getattr(policy, "rl2", False))}
 
 
 def build_sampler(envs: list, policy, sampler_cfg: SamplerConfig, **kwargs: Any) -> tuple[TrajectoryStore, Sampler]:
@@ -153,7 +165,7 @@ def build_sampler(envs: list, policy, sampler_cfg: SamplerConfig, **kwargs: Any)
     from .sampler import Sampler
 
     try:
-        store = build_store(envs[0], sampler_cfg)
+        store = build_store(envs[0], sampler_cfg, policy=policy)
         return store, Sampler(envs, policy, store, sampler_cfg, **kwargs)
     except BaseException:
         for env in envs:

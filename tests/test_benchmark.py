@@ -371,3 +371,28 @@ def test_rounds_pool_windows_per_case(tmp_path):
     assert len(r["env_steps_per_s"]["repeats"]) == 3 and len(r["extra"]["load_1min_at_start"]) == 3
     assert r["env_steps_per_s"]["median"] == sorted(r["env_steps_per_s"]["repeats"])[1]
     assert buf.getvalue().count("(round ") == 3 and rep["timing"]["rounds"] == 3
+
+
+def test_rnn_share_of_the_mlp_hand_computed():
+    results = [
+        _r("inference", "sample_fast", "mujoco", 64, 8000.0),
+        dict(_r("inference_rnn", "sample_fast", "mujoco", 64, 6000.0), extra={"rnn": "gru"}),
+        dict(_r("inference_rnn", "sample_fast", "mujoco", 128, 6000.0), extra={"rnn": "gru"}),  # no MLP row: none
+    ]
+    shares = report.rnn_shares(results)
+    assert [(x["num_envs"], x["rnn"]) for x in shares] == [(64, "gru")]
+    assert shares[0]["share"] == pytest.approx(0.75)
+
+
+@pytest.mark.timeout(120)
+def test_inference_rnn_stage_measures_a_recurrent_sampler():
+    from sample_fast.benchmark.stages import measure_inference
+
+    cfg = resolve(BenchmarkConfig(stages=["inference_rnn"], backends=["toy"], envs=["toy"], num_envs=[4], peers=[],
+                                  repeats=1, seconds_per_repeat=0.3, warmup_s=0.0, policy_rnn="lstm",
+                                  policy_rnn_size=8, rollout_len=4, progress=False, out_dir="unused"))  # fmt: skip
+    res = measure_inference(Case("inference_rnn", "sample_fast", "toy", "toy", 4), cfg)
+    assert res.extra["rnn"] == "lstm" and res.extra["rnn_size"] == 8
+    assert min(res.rates) > 0
+    with pytest.raises(BenchmarkConfigError, match="policy_rnn='rnn'; choose from: gru, lstm"):
+        resolve(BenchmarkConfig(policy_rnn="rnn", out_dir="unused"))

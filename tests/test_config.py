@@ -25,10 +25,18 @@ CONFIG_DIR = Path(sample_fast.configs.__file__).parent
 GROUPS = ("env", "algo", "sampler", "runner", "replay", "logging")
 ENV_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
 PYTHON = sys.executable
-PRESET_TASK = {"ant_v4": "ant", "pong": "Pong-v5", "breakout": "Breakout-v5", "atari": "SpaceInvaders-v5"}
+PRESET_TASK = {
+    "ant_v4": "ant",
+    "pong": "Pong-v5",
+    "breakout": "Breakout-v5",
+    "atari": "SpaceInvaders-v5",
+    "recall": "toy",
+    "bandit": "toy",
+}
 #: overrides a preset needs to resolve: env=atari takes the game from the command line
 PRESET_OVERRIDES = {"atari": ("env.name=SpaceInvaders-v5",)}
 ATARI_PRESETS = ("pong", "breakout", "atari")
+TOY_PRESETS = ("recall", "bandit")
 
 
 def _preset(env: str) -> list[str]:
@@ -62,7 +70,9 @@ def _options(group: str) -> list[str]:
 
 def test_presets_are_the_issue_list():
     # the issue's presets, plus ant_v4 (Ant with gymnasium Ant-v4 semantics, for comparisons with peers)
-    assert set(ENV_PRESETS) == {"ant", "halfcheetah", "hopper", "walker2d", "humanoid", "toy", "ant_v4", *ATARI_PRESETS}
+    # and the memory tasks of docs/recurrent.md (recall, bandit: toy kinds with a GRU policy)
+    assert set(ENV_PRESETS) == {"ant", "halfcheetah", "hopper", "walker2d", "humanoid", "toy", "ant_v4", *ATARI_PRESETS,
+                                *TOY_PRESETS}  # fmt: skip
     for group in GROUPS:
         assert _options(group), f"config group {group} is empty"
 
@@ -80,6 +90,8 @@ PRESET_RESOLVED = {
     "walker2d": ("walker2d", "mujoco", 128, 5_000_000, 64, 4096),
     "humanoid": ("humanoid", "mujoco", 128, 20_000_000, 64, 4096),
     "toy": ("toy", "toy", 16, 100_000, 16, 128),
+    "recall": ("toy", "toy", 64, 100_000, 16, 512),  # 16 x 64 / 2
+    "bandit": ("toy", "toy", 64, 150_000, 16, 512),
     "pong": ("Pong-v5", "envpool", 32, 10_000_000, 128, 2048),
     "breakout": ("Breakout-v5", "envpool", 32, 10_000_000, 128, 2048),
     "atari": ("SpaceInvaders-v5", "envpool", 32, 10_000_000, 128, 2048),
@@ -99,7 +111,7 @@ def test_every_preset_resolves_to_its_values(env):
     assert cfg.env.options == preset_yaml["env"].get("options", {})
 
 
-@pytest.mark.parametrize("env", [e for e in ENV_PRESETS if e not in ("toy", "ant_v4", *ATARI_PRESETS)])
+@pytest.mark.parametrize("env", [e for e in ENV_PRESETS if e not in ("toy", "ant_v4", *ATARI_PRESETS, *TOY_PRESETS)])
 def test_task_presets_build_the_gymnasium_task(env):
     """The resolved preset builds (the env's own checks) with gymnasium's spaces for that task (the reference)."""
     import gymnasium
@@ -147,7 +159,7 @@ def test_every_group_option_composes_and_resolves(env):
             assert batch_size(cfg) % cfg.learner.num_minibatches == 0
 
 
-@pytest.mark.parametrize("env", [e for e in ENV_PRESETS if e not in ("toy", *ATARI_PRESETS)])
+@pytest.mark.parametrize("env", [e for e in ENV_PRESETS if e not in ("toy", *ATARI_PRESETS, *TOY_PRESETS)])
 def test_auto_sizes_cpu_and_gpu(env):
     # CPU, 2 cores: MuJoCo C, async, 64 envs per core, every core simulates, learner gets half the cores.
     cpu = resolve(_compose(f"env={env}"), num_cores=2, cuda=False)
@@ -270,7 +282,9 @@ def test_env_options_in_presets_are_accepted_by_the_env():
         cfg = resolve(_compose(*_preset(env)), num_cores=2, cuda=False)
         if cfg.env.backend == "toy":
             with make("toy", 2, **cfg.env.options) as e:  # the env's own option check
-                assert e.max_episode_steps == cfg.env.options["max_episode_steps"]
+                # recall: one episode is recall_steps long; bandit: one pull
+                expected = {"recall": cfg.env.options.get("recall_steps"), "bandit": 1}.get(e.kind)
+                assert e.max_episode_steps == (expected or cfg.env.options["max_episode_steps"])
 
 
 BAD = [
@@ -307,6 +321,28 @@ BAD = [
         "env.num_envs=10 must be divisible by sampler.num_splits=4; try env.num_envs=12",
     ),
     (["env=ant", "sampler.rollout_len=0"], "sampler.rollout_len must be a positive int, got 0"),
+    # recurrent policies (docs/recurrent.md)
+    (["env=ant", "policy.rnn=rnn"], "policy: rnn 'rnn' unknown; choose one of: none, gru, lstm"),
+    (["env=ant", "policy.memory=trial"], "memory=trial (RL²) needs a recurrent policy: set rnn=gru"),
+    (["env=recall", "policy.memory=trial"], "env 'toy' has no trials (it never marks a trial end); use an env with"),
+    (["env=ant", "policy.rnn=gru", "policy.memory=trial"], "env 'ant' has no trials"),
+    (
+        ["env=ant", "policy.rnn=gru", "env.num_envs=24", "learner.num_minibatches=8"],  # 12 columns, 8 | 4096 steps
+        "learner.num_minibatches=8 must divide the batch's 12 env columns (env.num_envs/sampler.num_splits): a "
+        "recurrent policy's minibatches are whole env columns (each re-run from its stored state); try "
+        "learner.num_minibatches=6",
+    ),
+    (
+        ["env=recall", "replay.ratio=0.5", "replay.segment_envs=4", "replay.burn_in=16"],
+        "replay.burn_in=16 must be shorter than the segment it burns in (sampler.rollout_len=16 steps), or nothing "
+        "is left to train on; try replay.burn_in=4",
+    ),
+    (["env=recall", "replay.burn_in=4"], "replay.burn_in=4 applies to replayed segments, and replay is off"),
+    (
+        ["env=toy", "replay.ratio=0.5", "replay.segment_envs=4", "replay.burn_in=4"],
+        "replay.burn_in=4 refreshes a recurrent state, and policy.rnn=none",
+    ),  # fmt: skip
+    (["env=recall", "replay.ratio=0.5", "replay.priority_eta=2"], "replay.priority_eta must be in [0, 1]"),
     (
         ["env=ant", "env.num_envs=8", "sampler.rollout_len=10", "learner.num_minibatches=3"],
         "learner.num_minibatches=3 must divide the batch of 40 env steps",

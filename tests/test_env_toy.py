@@ -222,3 +222,35 @@ def test_image_kind_frames_and_rewards_by_column_band():
         assert res.truncated.all() and torch.equal(res.info["episode_length"], torch.full((64,), 3))
     with pytest.raises(EnvError, match="image_size .* must be >= num_actions"):
         make("toy", 1, kind="image", image_size=3, num_actions=4)
+
+
+def test_recall_kind_shows_the_cue_once_and_rewards_recalling_it():
+    env = make("toy", 4, kind="recall", recall_steps=3, num_cues=2, seed=0)
+    obs, _ = env.reset(seed=0)
+    cue = obs[:, :2].argmax(dim=1)
+    assert torch.equal(obs[:, :2].sum(dim=1), torch.ones(4)) and torch.equal(obs[:, 2], torch.zeros(4))
+    answer = torch.tensor([0, 1, 0, 1])
+    r1 = env.step(answer)  # step 1 of 3: no cue, no query, no reward, not done
+    assert torch.equal(r1.obs, torch.zeros(4, 3)) and torch.equal(r1.reward, torch.zeros(4))
+    r2 = env.step(answer)  # step 2: the query flag is up
+    assert torch.equal(r2.obs[:, 2], torch.ones(4)) and torch.equal(r2.obs[:, :2], torch.zeros(4, 2))
+    r3 = env.step(answer)  # step 3 (the last): reward 1 where the answer is the cue, terminated, a new cue shown
+    assert torch.equal(r3.reward, (answer == cue).float())
+    assert r3.terminated.all() and not r3.truncated.any()
+    assert torch.equal(r3.info["episode_return"], (answer == cue).float())
+    assert torch.equal(r3.obs[:, :2].sum(dim=1), torch.ones(4))
+    assert (env.optimal_return, env.random_return) == (1.0, 0.5)
+
+
+def test_bandit_kind_trials_and_rewards():
+    env = make("toy", 2000, kind="bandit", trial_episodes=3, best_p=0.9, seed=0)
+    env.reset(seed=0)
+    best = env._state.clone()  # the best arm of each env's first trial
+    pulls = [env.step(best) for _ in range(3)]  # every pull ends an episode; the third ends the trial
+    assert all(r.terminated.all() and not r.truncated.any() for r in pulls)
+    assert [bool(r.info["trial_end"].any()) for r in pulls[:2]] == [False, False] and pulls[2].info["trial_end"].all()
+    rate = torch.stack([r.reward for r in pulls]).mean()
+    assert abs(float(rate) - 0.9) < 0.02  # 6000 pulls of the best arm (std 0.004)
+    worst = env.step(1 - env._state).reward.mean()  # the other arm of the new trial pays 0.1
+    assert abs(float(worst) - 0.1) < 0.03
+    assert env.has_trials and env.random_return == pytest.approx(0.5)

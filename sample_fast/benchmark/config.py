@@ -13,7 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-STAGES = ("env", "inference", "train")
+#: ``inference_rnn``: the inference stage with a recurrent policy (``policy_rnn``), for its cost next to the MLP's.
+STAGES = ("env", "inference", "train", "inference_rnn")
+RNN_CHOICES = ("gru", "lstm")
 SUITE_BACKENDS = ("mujoco", "envpool", "mjx", "warp", "gymnasium", "ale", "toy")
 #: Peers measured in the same run, in report order. ``mujoco_rollout`` is the physical limit.
 #: Atari games (``<Game>-v5``) are measured by the Atari peers (envpool_raw, envpool_raw_async, ale_vector_raw,
@@ -77,8 +79,9 @@ class CleanRLConfig:
 class BenchmarkConfig:
     """Everything ``python -m sample_fast.benchmark`` measures and how. Every list is a sweep."""
 
-    #: Stages: env (env steps only), inference (the double-buffered Sampler with a policy), train (Runner + APPO).
-    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    #: Stages: env (env steps only), inference (the double-buffered Sampler with a policy), train (Runner + APPO),
+    #: inference_rnn (the inference stage with a recurrent policy: policy_rnn after the policy_hidden_sizes MLP).
+    stages: list[str] = field(default_factory=lambda: ["env", "inference", "train"])
     #: sample_fast backends (sample_fast.envs.make); ones that do not import here are skipped with a line.
     backends: list[str] = field(default_factory=lambda: ["mujoco", "envpool", "mjx", "gymnasium"])
     #: Tasks (sample_fast.envs.TASKS, e.g. ant, halfcheetah, humanoid) or toy.
@@ -102,6 +105,9 @@ class BenchmarkConfig:
     torch_threads: int = 1  #: torch intra-op threads for inference (1 is best when the simulator owns the cores)
     #: Policy MLP of the inference and train stages (and the torchrl peer): the trainer's default (algo/appo.yaml).
     policy_hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    #: The inference_rnn stage's recurrent core (gru, lstm) and its size (docs/recurrent.md).
+    policy_rnn: str = "gru"
+    policy_rnn_size: int = 64
     #: Task options for every backend (e.g. {max_episode_steps: 1000}); see sample_fast.envs.tasks.
     env_options: dict[str, Any] = field(default_factory=dict)
     #: Per-backend options, e.g. {mjx: {solver_iterations: 1, ls_iterations: 4}}.
@@ -157,6 +163,10 @@ def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
     _check_choices("backend(s)", cfg.backends, SUITE_BACKENDS)
     _check_choices("env(s)", [e for e in cfg.envs if not is_atari(e)], known_envs())
     _check_choices("peer(s)", cfg.peers, PEER_NAMES, "Use peers=[] to measure none.")
+    if cfg.policy_rnn not in RNN_CHOICES:
+        raise BenchmarkConfigError(f"policy_rnn={cfg.policy_rnn!r}; choose from: {', '.join(RNN_CHOICES)}")
+    if not isinstance(cfg.policy_rnn_size, int) or cfg.policy_rnn_size < 1:
+        raise BenchmarkConfigError(f"policy_rnn_size must be a positive int, got {cfg.policy_rnn_size!r}")
     if cfg.isolate not in ISOLATE_CHOICES:
         raise BenchmarkConfigError(f"isolate={cfg.isolate!r}; choose from: {', '.join(ISOLATE_CHOICES)}")
     if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):

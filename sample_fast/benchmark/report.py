@@ -80,10 +80,25 @@ def stage_shares(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in results:
         base = env_only.get((r["name"], r["env"], r["num_envs"]))
-        if r["stage"] in ("inference", "train") and r["kind"] == "sample_fast" and base:
+        if r["stage"] in ("inference", "train", "inference_rnn") and r["kind"] == "sample_fast" and base:
             median = r["env_steps_per_s"]["median"]
             out.append({"stage": r["stage"], "name": r["name"], "env": r["env"], "num_envs": r["num_envs"],
                         "env_steps_per_s": median, "env_only_steps_per_s": base, "share": median / base})  # fmt: skip
+    return out
+
+
+def rnn_shares(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recurrent policy's inference throughput (stage ``inference_rnn``) as a share of the MLP policy's
+    (stage ``inference``), same backend, env and num_envs, this run."""
+    mlp = {(r["name"], r["env"], r["num_envs"]): r["env_steps_per_s"]["median"]
+           for r in results if r["stage"] == "inference" and r["kind"] == "sample_fast"}  # fmt: skip
+    out = []
+    for r in results:
+        base = mlp.get((r["name"], r["env"], r["num_envs"]))
+        if r["stage"] == "inference_rnn" and base:
+            median = r["env_steps_per_s"]["median"]
+            out.append({"name": r["name"], "env": r["env"], "num_envs": r["num_envs"], "rnn": r["extra"].get("rnn"),
+                        "env_steps_per_s": median, "mlp_steps_per_s": base, "share": median / base})  # fmt: skip
     return out
 
 
@@ -157,6 +172,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"{format_rate(x['env_only_steps_per_s'])} | {_ratio(x['share'])} |"
             for x in shares
         ]
+    rnn = rnn_shares(report["results"])
+    if rnn:
+        lines += [
+            "",
+            "Recurrent policy (inference_rnn) as a share of the MLP policy (inference), same backend, env and "
+            "num_envs, this run:",
+            "",
+            "| backend | env | num_envs | core | env steps/s | MLP env steps/s | share |",
+            "|---|---|---:|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {x['name']} | {x['env']} | {x['num_envs']} | {x['rnn']} | {format_rate(x['env_steps_per_s'])} | "
+            f"{format_rate(x['mlp_steps_per_s'])} | {_ratio(x['share'])} |"
+            for x in rnn
+        ]
     if report["skipped"]:
         lines += ["", "Skipped:", ""]
         lines += [f"- {s['what']}: {s['reason']}" for s in report["skipped"]]
@@ -176,8 +206,9 @@ def write_plot(report: dict[str, Any], path: str) -> None:
     names = list(dict.fromkeys(r["name"] for r in results))
     palette = plt.get_cmap("tab10").colors
     colour = {n: ("black" if n == LIMIT_PEER else palette[i % len(palette)]) for i, n in enumerate(names)}
-    dashes = {"env": "-", "inference": "--", "train": ":"}
-    stages = ["env", "inference", "train"]
+    dashes = {"env": "-", "inference": "--", "train": ":", "inference_rnn": "-."}
+    stages = ["env", "inference", "train"] + (["inference_rnn"] if any(r["stage"] == "inference_rnn" for r in results)
+                                              else [])  # fmt: skip
     fig, axes = plt.subplots(len(envs), 2, figsize=(14, 4.8 * len(envs)), squeeze=False)
     for row, env in enumerate(envs):
         ax_sweep, ax_bars = axes[row]

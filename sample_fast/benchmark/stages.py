@@ -173,9 +173,13 @@ def _env_extra(env: BatchedEnv) -> dict[str, Any]:
 
 
 # ----- stage: inference (the Sampler) -------------------------------------------------------------------------------
-def build_policy(observation_spec: Any, action_spec: Any, hidden_sizes: list[int], device: str) -> torch.nn.Module:
-    """The trainer's ``wiring.build_policy`` with an MLP of ``hidden_sizes`` (picklable through functools.partial)."""
-    return wiring.build_policy(observation_spec, action_spec, PolicyConfig(hidden_sizes=list(hidden_sizes)), device)
+def build_policy(
+    observation_spec: Any, action_spec: Any, hidden_sizes: list[int], device: str, rnn: str = "none", rnn_size: int = 64
+) -> torch.nn.Module:
+    """The trainer's ``wiring.build_policy`` with an MLP of ``hidden_sizes`` and, with ``rnn``, a recurrent core
+    (picklable through functools.partial)."""
+    cfg = PolicyConfig(hidden_sizes=list(hidden_sizes), rnn=rnn, rnn_size=rnn_size)
+    return wiring.build_policy(observation_spec, action_spec, cfg, device)
 
 
 def _splits(num_envs: int, num_splits: int) -> int:
@@ -184,7 +188,8 @@ def _splits(num_envs: int, num_splits: int) -> int:
 
 
 def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
-    """The serial-mode Sampler (double-buffered env groups + policy.act + slot writes), slots released at once."""
+    """The serial-mode Sampler (double-buffered env groups + policy.act + slot writes), slots released at once.
+    Stage ``inference_rnn``: the same with a recurrent policy (its state kept per env, stored at every slot start)."""
     t0 = time.perf_counter()
     num_splits = _splits(case.num_envs, cfg.num_splits)
     per_split = case.num_envs // num_splits
@@ -203,7 +208,9 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     try:
         envs = [env_fn() for _ in range(num_splits)]
         first = envs[0]
-        policy = build_policy(first.observation_spec, first.action_spec, cfg.policy_hidden_sizes, str(first.device))
+        rnn = cfg.policy_rnn if case.stage == "inference_rnn" else "none"
+        policy = build_policy(first.observation_spec, first.action_spec, cfg.policy_hidden_sizes, str(first.device),
+                              rnn, cfg.policy_rnn_size)  # fmt: skip
         store, sampler = wiring.build_sampler(
             envs, policy, scfg, version_fn=lambda: 0, split_seeds=[cfg.seed + i for i in range(num_splits)]
         )
@@ -228,6 +235,8 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         extra = {"num_splits": num_splits, "rollout_len": cfg.rollout_len, "torch_threads": cfg.torch_threads}
         extra.update({k: v for k, v in _env_extra(first).items() if k != "obs_shape"})
         extra.update(gpu_memory(first))
+        if policy.is_recurrent:
+            extra.update(rnn=rnn, rnn_size=cfg.policy_rnn_size)
         return CaseResult(rates, int(first.frame_skip), str(first.device), extra=extra)
     finally:
         torch.set_num_threads(old_threads)
@@ -327,4 +336,5 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     return CaseResult(hooks.recorder.rates, int(frame_skip), str(device), extra=extra)
 
 
-STAGE_FUNCTIONS = {"env": measure_env, "inference": measure_inference, "train": measure_train}
+STAGE_FUNCTIONS = {"env": measure_env, "inference": measure_inference, "train": measure_train,
+                   "inference_rnn": measure_inference}  # fmt: skip
