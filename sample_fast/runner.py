@@ -197,6 +197,9 @@ def _sampler_main(
         # a replacement process continues the counters of the one before it
         sampler.env_steps, sampler.wait_s = int(control[CTRL_SAMPLER_STEPS]), float(control[CTRL_SAMPLER_WAIT_S])
         rng_shared.write(torch.get_rng_state())
+        # INVARIANT: a fresh heartbeat before READY: the runner checks heartbeats from READY on, and the last one was
+        # the runner's own at spawn time -- a start-up longer than heartbeat_timeout_s read as a stall at once
+        control[CTRL_SAMPLER_HEARTBEAT] = time.time()
         control[CTRL_SAMPLER_READY] = 1.0
         next_parent_check_s = 0.0
         while control[CTRL_STOP] == 0:

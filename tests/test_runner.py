@@ -324,6 +324,24 @@ def test_first_sampler_that_cannot_start_is_not_restarted():
     assert not isinstance(err.value, SamplerRestartLimit) and hooks.restarts == []
 
 
+def _slow_build(delay_s: float) -> ToyEnv:
+    if multiprocessing.parent_process() is not None:  # the sampler process builds slowly (an MJX compile, a load)
+        time.sleep(delay_s)
+    return toy_env(6)
+
+
+@pytest.mark.timeout(90)
+def test_a_start_up_longer_than_the_heartbeat_timeout_is_no_stall():
+    """The heartbeat timeout counts from READY on: a sampler that takes 2 x 1.5 s to build its envs, with
+    runner.heartbeat_timeout_s=1, is not taken for a stalled one (the suite's SIGSTOP case restarted it 3 times)."""
+    hooks = RestartHooks()
+    runner = Runner(functools.partial(_slow_build, 1.5), VersionPolicy, CheckingLearner, _cfg(),
+                    _rcfg(heartbeat_timeout_s=1.0), mode="async", hooks=hooks)  # fmt: skip
+    hooks.runner = runner
+    summary = runner.run(total_env_steps=48 * 6)
+    assert summary["reason"] == "total_env_steps" and hooks.restarts == [] and summary["sampler_restarts"] == 0
+
+
 def _failing_build() -> ToyEnv:
     if multiprocessing.parent_process() is not None:  # the sampler process (the parent's probe must succeed)
         raise RuntimeError("no env here")
