@@ -539,10 +539,9 @@ def case_storage(work: Path, what: str) -> Outcome:
             }
             t = time.monotonic()
             if tmpfs:
-                with open(fs / "filler", "wb") as f, contextlib.suppress(OSError):
-                    while True:
+                with contextlib.suppress(OSError), open(fs / "filler", "wb", buffering=0) as f:
+                    while True:  # unbuffered: the write that fails leaves nothing for close() to fail on again
                         f.write(b"\0" * 65536)
-                        f.flush()
             else:
                 for cmd in (["mount", "--bind", str(ck_dir), str(ck_dir)],
                             ["mount", "-o", "remount,bind,ro", str(ck_dir)]):  # fmt: skip
