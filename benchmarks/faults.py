@@ -912,15 +912,21 @@ def render(paths: list[str], out_dir: str, name: str, argv: list[str]) -> int:
     """One table from several result files (``--render``); each file's machine record is kept under ``parts``."""
     results: dict[str, list[Outcome]] = {}
     parts, soak_result = [], None
-    for path in paths:
+    for spec in paths:  # FILE or FILE:case,case (only those cases of that file)
+        path, _, only = spec.partition(":")
         with open(path) as f:
             data = json.load(f)
-        parts.append({"file": path, "argv": data["argv"], "machine": data["machine"]})
+        parts.append({"file": path, "cases": only or "all", "argv": data["argv"], "machine": data["machine"]})
         for case, outs in data["cases"].items():
-            results.setdefault(case, []).extend(Outcome(**o) for o in outs)
+            if not only or case in only.split(","):
+                results.setdefault(case, []).extend(Outcome(**o) for o in outs)
         soak_result = soak_result or data.get("soak")
     machine = {**parts[0]["machine"], "parts": parts}
-    argv = [*argv, "# parts: " + "; ".join(" ".join(p["argv"]) for p in parts)]
+    argv = [
+        *argv,
+        "# parts: "
+        + "; ".join(f"{' '.join(p['argv'])} at {p['machine'].get('git_revision')} ({p['cases']})" for p in parts),
+    ]
     _write(out_dir, name, results, soak_result, machine, argv)
     return 0 if all(o.passed for outs in results.values() for o in outs) else 1
 
