@@ -626,10 +626,18 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
 
 
 def main() -> None:
-    """Console entry point (``sample-fast-train``) and ``python -m sample_fast.train``: see ``sample_fast.cli``."""
+    """Console entry point (``sample-fast-train``) and ``python -m sample_fast.train``: see ``sample_fast.cli``.
+
+    When the run is over (its last line printed, its exit status decided) the process ignores the stop signals: one
+    that arrived while the interpreter shuts down (Python restores the default actions then) killed it instead, and
+    a double Ctrl-C 1-2 s apart ended with "killed by SIGINT" rather than its exit status 130 (the fault suite)."""
     from .cli import main as cli_main
 
-    cli_main()
+    try:
+        cli_main()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
