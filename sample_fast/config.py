@@ -4,7 +4,8 @@ Owns the root ``TrainConfig`` (registered in Hydra's ConfigStore as ``train_sche
 (``EnvConfig``, ``RunConfig``, ``LogConfig``) and ``resolve()``, which fills every ``auto`` value for the machine it
 runs on (backend, device, mode, num_envs, threads) and rejects inconsistent settings with a ``ConfigError`` that says
 what to change -- before any process starts or any file is written. Component sections (``PolicyConfig``,
-``LearnerConfig``, ``SamplerConfig``, ``RunnerConfig``) are defined by their components and only composed here.
+``LearnerConfig``, ``ReplayConfig``, ``SamplerConfig``, ``RunnerConfig``) are defined by their components and
+only composed here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from omegaconf.errors import MissingMandatoryValue
 from .envs.atari import is_atari_name
 from .learner import LearnerConfig
 from .policy import PolicyConfig
+from .replay_config import ReplayConfig
 from .runner import RunnerConfig
 from .sampler import SamplerConfig
 
@@ -117,13 +119,15 @@ class DebugConfig:
 
 @dataclass
 class TrainConfig:
-    """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, runner, logging."""
+    """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, runner, replay, logging."""
 
     algo: str = "appo"  #: the algorithm (APPO with V-trace targets); the algo group sets learner/policy values
     restart: bool = False  #: start over in an existing run dir (the old one is moved aside, never deleted)
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    #: prioritized trajectory replay (sample_fast.replay, docs/replay.md); off unless replay.ratio > 0
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -308,6 +312,16 @@ def _check_policy(cfg: TrainConfig) -> None:
         raise ConfigError(f"{e} (env {env.name})") from None
 
 
+def _check_replay(replay: ReplayConfig, columns: int) -> None:
+    """Replayed segments are ``[T, replay.segment_envs]`` column chunks of a batch of ``columns`` env columns."""
+    if replay.ratio and replay.segment_envs > 0 and columns % replay.segment_envs:
+        near = min((d for d in range(1, columns + 1) if columns % d == 0), key=lambda d: abs(d - replay.segment_envs))
+        raise ConfigError(
+            f"replay.segment_envs={replay.segment_envs} must divide the batch's {columns} env columns "
+            f"(env.num_envs/sampler.num_splits); try replay.segment_envs={near}"
+        )
+
+
 # ----- resolve ---------------------------------------------------------------------------------------------------
 def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: bool | None = None) -> TrainConfig:
     """Check ``cfg`` and return a copy with every ``auto``/0 value fitted to this machine.
@@ -336,6 +350,7 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
         sampler=dataclasses.replace(cfg.sampler),
         runner=dataclasses.replace(cfg.runner),
         learner=dataclasses.replace(cfg.learner),
+        replay=dataclasses.replace(cfg.replay),
         policy=dataclasses.replace(cfg.policy),
         logging=dataclasses.replace(cfg.logging),
     )
@@ -407,17 +422,9 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
             f"(sampler.rollout_len={sampler.rollout_len} x env.num_envs/sampler.num_splits="
             f"{env.num_envs // sampler.num_splits}); try learner.num_minibatches={near}"
         )
-    columns = env.num_envs // sampler.num_splits
-    if learner.replay_ratio and learner.replay_segment_envs > 0 and columns % learner.replay_segment_envs:
-        # Replayed segments are [T, replay_segment_envs] column chunks of a batch (sample_fast.replay).
-        near = min((d for d in range(1, columns + 1) if columns % d == 0),
-                   key=lambda d: abs(d - learner.replay_segment_envs))  # fmt: skip
-        raise ConfigError(
-            f"learner.replay_segment_envs={learner.replay_segment_envs} must divide the batch's {columns} env "
-            f"columns (env.num_envs/sampler.num_splits); try learner.replay_segment_envs={near}"
-        )
+    _check_replay(cfg.replay, env.num_envs // sampler.num_splits)
     learner.seed = run.seed  # run.seed seeds everything
-    for section in ("policy", "learner", "sampler", "runner"):
+    for section in ("policy", "learner", "replay", "sampler", "runner"):
         validate = getattr(getattr(cfg, section), "validate", None)
         if validate is not None:
             try:

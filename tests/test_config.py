@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from sample_fast.config import ConfigError, TrainConfig, batch_size, resolve, run_dir
 
 CONFIG_DIR = Path(sample_fast.configs.__file__).parent
-GROUPS = ("env", "algo", "sampler", "runner", "logging")
+GROUPS = ("env", "algo", "sampler", "runner", "replay", "logging")
 ENV_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
 PYTHON = sys.executable
 PRESET_TASK = {"ant_v4": "ant", "pong": "Pong-v5", "breakout": "Breakout-v5", "atari": "SpaceInvaders-v5"}
@@ -132,13 +132,13 @@ def test_every_benchmark_preset_composes_and_resolves_to_its_values(preset):
     for key, value in _walk(values):
         node = cfg
         for part in key.split("."):
-            node = getattr(node, part)
+            node = node[part] if isinstance(node, dict) else getattr(node, part)  # train.learner is a dict field
         assert node == value, f"preset={preset}: {key} is {node!r}, the preset sets {value!r}"
 
 
 @pytest.mark.parametrize("env", ENV_PRESETS)
 def test_every_group_option_composes_and_resolves(env):
-    for group in ("algo", "sampler", "runner", "logging"):
+    for group in ("algo", "sampler", "runner", "replay", "logging"):
         for option in _options(group):
             cfg = resolve(_compose(*_preset(env), f"{group}={option}"), num_cores=2, cuda=False)
             assert isinstance(cfg, TrainConfig)
@@ -194,11 +194,13 @@ def _component_configs() -> dict[str, tuple[type, str]]:
     """TrainConfig section -> (the component whose constructor takes it, that parameter's name)."""
     from sample_fast.learner import Learner
     from sample_fast.policy import ActorCritic
+    from sample_fast.replay import TrajectoryReplay
     from sample_fast.runner import Runner
 
     return {
         "policy": (ActorCritic, "cfg"),
         "learner": (Learner, "cfg"),
+        "replay": (TrajectoryReplay, "cfg"),  # built by wiring.build_replay, handed to Learner(replay=...)
         "sampler": (Runner, "sampler_cfg"),
         "runner": (Runner, "runner_cfg"),
     }
@@ -209,7 +211,11 @@ def test_sections_match_component_constructors():
     hints = typing.get_type_hints(TrainConfig)
     for section, (component, param) in _component_configs().items():  # an ImportError of our own code fails
         assert section in fields
-        expected = typing.get_type_hints(component.__init__)[param]
+        # only this parameter's annotation (others may name types imported for type checking only)
+        annotation = component.__init__.__annotations__[param]
+        if isinstance(annotation, str):  # from __future__ import annotations
+            annotation = eval(annotation, vars(sys.modules[component.__module__]))
+        expected = annotation
         if typing.get_args(expected):  # ``Cfg | None``: the constructor's own default when None
             expected = next(a for a in typing.get_args(expected) if a is not type(None))
         assert hints[section] is expected, f"TrainConfig.{section} is {hints[section]}, {component} takes {expected}"
