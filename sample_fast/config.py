@@ -66,10 +66,11 @@ class EnvConfig:
     #: a task (ant, halfcheetah, hopper, walker2d, humanoid), toy, gymnasium:<id>, gymnasium:<module>:<id>, or an
     #: Atari game <Game>-v5 (Pong-v5, Breakout-v5, SpaceInvaders-v5, ...)
     name: str = MISSING
-    #: auto (MuJoCo tasks: mujoco on CPU, mjx with CUDA; Atari: envpool if installed, else ale), mujoco, mjx,
-    #: envpool, ale, gymnasium, toy
+    #: auto (MuJoCo tasks: mujoco on CPU; with CUDA warp when it imports, else mjx; Atari: envpool if installed,
+    #: else ale), mujoco, mjx, warp, envpool, ale, gymnasium, toy
     backend: str = "auto"
-    device: str = "auto"  #: where env tensors live: auto (cuda for mjx when available, else cpu), cpu, cuda[:i]
+    #: where env tensors live: auto (cuda for mjx/warp when available, else cpu), cpu, cuda[:i]
+    device: str = "auto"
     num_envs: int = 0  #: parallel envs in total; 0 = fitted to the machine (see resolve)
     num_threads: int = 0  #: simulator threads (mujoco backend); 0 = fitted to the cores
     #: task and backend options, e.g. {max_episode_steps: 500}; checked by the backend's own check_options in resolve
@@ -232,14 +233,14 @@ def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
         raise ConfigError(f"env.backend={env.backend!r} is unknown; choose one of: auto, {', '.join(BACKENDS)}")
     _check_device("env.device", env.device, cuda)
     if env.device == "auto":
-        device = "cuda" if (cuda and env.backend in ("auto", "mjx") and env.name in TASKS) else "cpu"
+        device = "cuda" if (cuda and env.backend in ("auto", "mjx", "warp") and env.name in TASKS) else "cpu"
     else:
         device = env.device
     try:
         backend = resolve_backend(env.name, env.backend, torch.device(device))
     except EnvError as e:
         raise ConfigError(f"env.backend: {e}") from None
-    if backend == "mjx" and env.device == "auto" and not cuda:
+    if backend in ("mjx", "warp") and env.device == "auto" and not cuda:
         device = "cpu"
     if "model_params" in env.options:
         raise ConfigError(
@@ -330,7 +331,8 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
     process and writes no file. ``num_cores``/``cuda`` default to this machine (tests pass others).
 
     Derived values:
-      * env.backend/env.device: mujoco on the CPU, mjx on CUDA (``sample_fast.envs.resolve_backend``).
+      * env.backend/env.device: mujoco on the CPU; on CUDA warp when it imports, else mjx
+        (``sample_fast.envs.resolve_backend``).
       * run.mode: serial when the simulator runs on the GPU (sim, inference and learning share the device), async
         otherwise (the sampler process simulates while the learner trains).
       * env.num_envs: 4096 on the GPU; on the CPU 64 per core (enough for each mujoco thread to amortise the

@@ -53,14 +53,15 @@ def build_env(env_cfg: EnvConfig, num_envs: int, seed: int = 0):
 
 
 def on_cpu_simulator(env_cfg: EnvConfig) -> EnvConfig:
-    """The same env on the CPU: an mjx config becomes the MuJoCo C one (same task definition, model options and
-    specs), without the options only MJX takes (precision, solver, xla_opt_level, ...), which the mujoco backend
-    rejects. The split of options comes from the backends' own option tables (``sample_fast.envs.backend_options``).
+    """The same env on the CPU: an mjx or warp config becomes the MuJoCo C one (same task definition, model options
+    and specs), without the options only that backend takes (precision, solver, xla_opt_level, nconmax, ...), which
+    the mujoco backend rejects. The split of options comes from the backends' own option tables
+    (``sample_fast.envs.backend_options``).
     """
     from .envs import backend_options
 
     cfg = dataclasses.replace(env_cfg, device="cpu", options=dict(env_cfg.options))
-    if env_cfg.backend == "mjx":
+    if env_cfg.backend in ("mjx", "warp"):
         takes = backend_options(env_cfg.name, "mujoco")
         cfg.backend = "mujoco"
         cfg.options = {k: v for k, v in env_cfg.options.items() if k in takes}

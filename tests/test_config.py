@@ -153,9 +153,12 @@ def test_auto_sizes_cpu_and_gpu(env):
     cpu = resolve(_compose(f"env={env}"), num_cores=2, cuda=False)
     assert (cpu.env.backend, cpu.env.device, cpu.run.mode, cpu.run.device) == ("mujoco", "cpu", "async", "cpu")
     assert (cpu.env.num_envs, cpu.env.num_threads, cpu.runner.learner_threads) == (128, 2, 1)
-    # CUDA: MJX on the GPU, serial (sim, inference and learning share the device), 4096 envs.
+    # CUDA: MuJoCo Warp on the GPU (installed here: a pinned dependency; MJX where it does not import), serial
+    # (sim, inference and learning share the device), 4096 envs.
     gpu = resolve(_compose(f"env={env}"), num_cores=8, cuda=True)
-    assert (gpu.env.backend, gpu.env.device, gpu.run.mode, gpu.run.device) == ("mjx", "cuda", "serial", "cuda")
+    assert (gpu.env.backend, gpu.env.device, gpu.run.mode, gpu.run.device) == ("warp", "cuda", "serial", "cuda")
+    mjx = resolve(_compose(f"env={env}", "env.backend=mjx"), num_cores=8, cuda=True)
+    assert (mjx.env.backend, mjx.env.device, mjx.run.mode) == ("mjx", "cuda", "serial")
     assert gpu.env.num_envs == 4096 and gpu.runner.learner_threads == 4
     # explicit values are kept
     fixed = resolve(_compose(f"env={env}", "env.num_envs=24", "run.mode=serial"), num_cores=2, cuda=False)
@@ -386,6 +389,26 @@ BACKEND_BAD = [
         ["env=ant", "env.backend=mjx", "+env.options.xla_opt_level=fast"],
         "env.options.xla_opt_level='fast' must be an int >= 0 or None (XLA's default)",
         ("ant", "mjx", {"xla_opt_level": "fast"}),
+    ),
+    (
+        ["env=ant", "env.backend=warp", "+env.options.nconmax=0"],
+        "env.options.nconmax=0 must be an int >= 1 or None (sized per task)",
+        ("ant", "warp", {"nconmax": 0}),
+    ),
+    (
+        ["env=ant", "env.backend=warp", "+env.options.solver=pgs"],
+        "env.options (warp backend): solver must be one of ['cg', 'newton'] or None, got 'pgs'",
+        ("ant", "warp", {"solver": "pgs"}),
+    ),
+    (
+        ["env=ant", "env.backend=warp", "+env.options.xla_opt_level=0"],
+        "xla_opt_level is an option of the mjx backend: use env.backend=mjx, or drop xla_opt_level",
+        ("ant", "warp", {"xla_opt_level": 0}),
+    ),
+    (
+        ["env=ant", "env.backend=mujoco", "+env.options.njmax=64"],
+        "njmax is an option of the warp backend: use env.backend=warp, or drop njmax",
+        ("ant", "mujoco", {"njmax": 64}),
     ),
     (
         ["env=ant", "+env.options.frame_skip=0"],
