@@ -9,9 +9,11 @@ with the fault and malformed entries are ``ConfigError``s, so a fault cannot be 
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import re
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,12 @@ FAULTS: dict[str, tuple[str, str]] = {
         "the n-th learner update (one batch, one row of num_updates in progress.csv) gets NaN rewards, so its loss "
         "is non-finite: the learner skips its minibatch steps and, after learner.nonfinite_patience of them, rolls "
         "back to its last good state and lowers the learning rate",
+    ),
+    "sampler_crash": (
+        "slot",
+        "the async sampler process dies with SIGKILL right after its n-th READY slot (n counts the slots of every "
+        "sampler process of this start), as after the OOM killer or a crash in native code: the runner replaces it "
+        "(runner.max_sampler_restarts), the learner trains on",
     ),
     "save_error": (
         "save",
@@ -99,6 +107,12 @@ class Injector:
             return None
         return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected: debug.inject)", str(path))
 
+    def sampler_hook(self) -> Any:
+        """The picklable ``slot_hook`` the runner calls in the sampler process after each READY slot (its
+        ``sampler_hook``): it kills the process where ``sampler_crash`` fires; None without that fault."""
+        crashes = [f for f in self.faults if f.name == "sampler_crash"]
+        return functools.partial(_crash_sampler, tuple(crashes)) if crashes else None
+
     def wrap_learner(self, learner: Any) -> None:
         """Route ``learner.train`` through the ``update`` counter (an instance attribute shadowing the method)."""
         if not any(f.counter == "update" for f in self.faults):
@@ -111,6 +125,12 @@ class Injector:
             return train(batch)
 
         learner.train = train_with_faults
+
+
+def _crash_sampler(faults: tuple[Fault, ...], num_slots: int) -> None:
+    """In the sampler process: die at once, without a traceback or any cleanup, where a fault fires."""
+    if any(f.fires(num_slots) for f in faults):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _with_nan_rewards(batch: Any) -> Any:

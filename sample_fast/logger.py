@@ -37,8 +37,9 @@ BASE_COLUMNS = (
     "num_updates",
 )
 #: Values that persist between rows (the latest measurement), written in every row from the first on so that the CSV
-#: header (fixed by the first row) has them: seconds the last checkpoint save took (0 before the first).
-GAUGES = ("checkpoint_s",)
+#: header (fixed by the first row) has them: seconds the last checkpoint save took (0 before the first), and the
+#: sampler processes replaced so far (the elastic sampler; it continues on resume).
+GAUGES = ("checkpoint_s", "sampler_restarts")
 CSV_NAME = "progress.csv"
 log = logging.getLogger(__name__)
 PLOT_NAME = "learning_curve.png"
@@ -105,6 +106,7 @@ class ProgressLogger:
         if start_state:
             self._num_episodes = int(start_state.get("num_episodes", 0))
             self._num_updates = int(start_state.get("num_updates", 0))
+            self._gauges["sampler_restarts"] = float(start_state.get("sampler_restarts", 0))
             self._returns.extend(start_state.get("returns", []))
             self._lengths.extend(start_state.get("lengths", []))
         self._metric_sums: dict[str, float] = {}
@@ -169,6 +171,11 @@ class ProgressLogger:
     def episode_return_mean(self) -> float:
         return sum(self._returns) / len(self._returns) if self._returns else math.nan
 
+    def add_sampler_restart(self) -> int:
+        """Count one replaced sampler process (the ``sampler_restarts`` column); returns the count so far."""
+        self._gauges["sampler_restarts"] += 1
+        return int(self._gauges["sampler_restarts"])
+
     def set_gauge(self, name: str, value: float) -> None:
         """A value reported in every row from now on (one of GAUGES), e.g. ``checkpoint_s``."""
         self._gauges[name] = float(value)
@@ -178,6 +185,7 @@ class ProgressLogger:
         return {
             "num_episodes": self._num_episodes,
             "num_updates": self._num_updates,
+            "sampler_restarts": int(self._gauges["sampler_restarts"]),
             "returns": list(self._returns),
             "lengths": list(self._lengths),
         }

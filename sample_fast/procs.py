@@ -26,6 +26,7 @@ CTRL_LEARNER_HEARTBEAT = 2  # time.time() of the learner loop's last sign of lif
 CTRL_SAMPLER_STEPS = 3  # env steps the sampler has written into READY slots
 CTRL_SAMPLER_WAIT_S = 4  # seconds the sampler spent waiting for a FREE slot (backpressure)
 CTRL_SAMPLER_READY = 5  # 1.0 once the sampler built its envs and policy
+CTRL_SAMPLER_SLOTS = 6  # slots the sampler processes of this run have marked READY (continues across restarts)
 CTRL_SIZE = 8
 
 
@@ -55,6 +56,10 @@ class SharedRngState:
         self.seq[0] = seq + 1
         self.state.copy_(state)
         self.seq[0] = seq + 2  # INVARIANT: the state is complete before the even count that publishes it
+
+    def reset(self) -> None:
+        """Forget the published state (a writer that died mid-copy leaves the count odd); only while no writer runs."""
+        self.seq[0] = 0
 
     def read(self, timeout_s: float = 1.0) -> torch.Tensor | None:
         """A consistent copy of the last published state; None if none was published (or, after ``timeout_s`` of

@@ -4,11 +4,22 @@
 policy copy) runs in a child process started with ``spawn``; the learner, hooks, logging and checkpoints stay here.
 The runner owns the child process, heartbeats, stall detection (with stack dumps), error propagation and shutdown:
 every wait is bounded, and normal exit, an exception, Ctrl-C or SIGTERM leave no process and no shared memory.
+
+Elastic sampler (async): a sampler process that dies (kill -9, a crash in native code, an exception) or stops sending
+heartbeats is replaced. The runner kills and joins it, gives the TrajectoryStore a fresh lock and puts the dead
+process's partial (FILLING) slots back to FREE, re-poisoned (READY slots are complete and still trained on), and
+starts a new process, which rebuilds its envs and resets them with fresh seeds; the learner keeps its weights,
+optimizer and counters throughout. Each restart is logged with its cause and reported to ``hooks.on_sampler_restart``.
+More than ``RunnerConfig.max_sampler_restarts`` restarts within ``restart_window_s`` raise SamplerRestartLimit. A
+first process that fails with an exception before it was ever ready is not restarted (a broken env or policy would
+fail again): that is a SamplerError at once. Serial mode has no sampler process, hence no restarts.
 """
 
 from __future__ import annotations
 
+import collections
 import faulthandler
+import logging
 import os
 import signal
 import sys
@@ -27,6 +38,7 @@ from sample_fast.procs import (
     CTRL_LEARNER_HEARTBEAT,
     CTRL_SAMPLER_HEARTBEAT,
     CTRL_SAMPLER_READY,
+    CTRL_SAMPLER_SLOTS,
     CTRL_SAMPLER_STEPS,
     CTRL_SAMPLER_WAIT_S,
     CTRL_STOP,
@@ -41,10 +53,11 @@ from sample_fast.procs import (
     stop_signals_blocked,
 )
 from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, build_split_envs
-from sample_fast.trajectory_store import TrajectoryStore
+from sample_fast.trajectory_store import StoreLockTimeout, TrajectoryStore
 from sample_fast.wiring import build_sampler, build_store
 
 MODES = ("serial", "async")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,6 +73,10 @@ class RunnerConfig:
     mp_start_method: str = "spawn"  #: spawn or forkserver (never fork: torch/JAX threads exist before it)
     learner_threads: int = 0  #: torch intra-op threads of the learner process; 0 = leave as the caller set it
     episode_capacity: int = 65536  #: finished-episode ring size (sampler -> main); overflow is counted, not fatal
+    #: async: a sampler process that dies or stalls is replaced, at most this many times within restart_window_s;
+    #: one failure more stops the run (SamplerRestartLimit). 0: the first failure stops it
+    max_sampler_restarts: int = 3
+    restart_window_s: float = 600.0  #: the sliding window max_sampler_restarts counts restarts in
 
     def __post_init__(self) -> None:
         self.validate()
@@ -70,6 +87,9 @@ class RunnerConfig:
             raise ValueError(f"runner.episode_capacity must be a positive int, got {ec!r}")
         if not isinstance(self.learner_threads, int) or self.learner_threads < 0:
             raise ValueError(f"runner.learner_threads must be an int >= 0, got {self.learner_threads!r}")
+        m = self.max_sampler_restarts
+        if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+            raise ValueError(f"runner.max_sampler_restarts must be an int >= 0 (0: never restart), got {m!r}")
         if self.mp_start_method not in ("spawn", "forkserver"):
             raise ValueError(f"runner.mp_start_method must be spawn or forkserver, got {self.mp_start_method!r}")
         for name in (
@@ -78,13 +98,26 @@ class RunnerConfig:
             "startup_timeout_s",
             "shutdown_timeout_s",
             "learner_stall_dump_s",
+            "restart_window_s",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"runner.{name} must be > 0, got {getattr(self, name)!r}")
 
 
 class SamplerError(RuntimeError):
-    """The sampler process failed, died or stalled. The message carries its traceback or stack dump."""
+    """The sampler process failed, died or stalled. The message carries its traceback or stack dump.
+
+    ``kind``: ``exception`` (it raised; its traceback follows), ``died`` (a signal: killed, or crashed in native
+    code), ``exited`` (a non-zero exit status without a traceback), ``stalled`` (no heartbeat, or the store's lock
+    held too long) or ``startup`` (not ready within the timeout)."""
+
+    def __init__(self, message: str, kind: str = "died") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class SamplerRestartLimit(SamplerError):
+    """More sampler failures within ``runner.restart_window_s`` than ``runner.max_sampler_restarts`` allows."""
 
 
 class RunnerHooks:
@@ -99,10 +132,17 @@ class RunnerHooks:
     def on_stop(self, env_steps: int, reason: str) -> None:
         """Before shutdown (the sampler is still alive): save a final checkpoint here."""
 
+    def on_sampler_restart(self, env_steps: int, cause: str, restarts: int) -> None:
+        """A new sampler process replaces one that failed (``cause``: one line); ``restarts`` in this run so far."""
 
-def _split_seeds(cfg: SamplerConfig) -> list[int]:
+
+#: split seeds of the n-th replacement sampler process: seed + i + n * RESTART_SEED_STRIDE (fresh initial states)
+RESTART_SEED_STRIDE = 1_000_003
+
+
+def _split_seeds(cfg: SamplerConfig, generation: int = 0) -> list[int]:
     if cfg.seed is not None:
-        return [cfg.seed + i for i in range(cfg.num_splits)]
+        return [cfg.seed + i + generation * RESTART_SEED_STRIDE for i in range(cfg.num_splits)]
     return [int(s) for s in torch.randint(0, 2**31 - 1, (cfg.num_splits,))]
 
 
@@ -122,10 +162,12 @@ def _sampler_main(
     err_conn: Any,
     dump_fd: int,
     parent_pid: int,
+    slot_hook: Callable[[int], None] | None = None,
 ) -> None:
     """Entry point of the async sampler process. Its torch RNG (the policy's action noise) starts from ``rng_state``
-    (a resumed run's checkpoint) or ``torch_seed``, and is published to ``rng_shared`` after every pass of the
-    loop that finished a slot, for the runner's checkpoints."""
+    (a resumed run's checkpoint, or the state the process it replaces last published) or ``torch_seed``, and is
+    published to ``rng_shared`` after every pass of the loop that finished a slot, for the runner's checkpoints.
+    ``slot_hook(n)`` runs after each READY slot, n counting the slots of every sampler process of this run."""
     # SIGINT/SIGTERM/SIGHUP (Ctrl-C, `kill -- -PGID`, a closed terminal reach the whole group) go to the runner,
     # which saves a final checkpoint and then stops us through ``control``. We were started with them blocked
     # (Runner._start), so one that arrived while this process was still importing is discarded here.
@@ -153,12 +195,22 @@ def _sampler_main(
             control=control,
             split_seeds=split_seeds,
         )
+        # a replacement process continues the counters of the one before it
+        sampler.env_steps, sampler.wait_s = int(control[CTRL_SAMPLER_STEPS]), float(control[CTRL_SAMPLER_WAIT_S])
         rng_shared.write(torch.get_rng_state())
+        # INVARIANT: a fresh heartbeat before READY: the runner checks heartbeats from READY on, and the last one was
+        # the runner's own at spawn time -- a start-up longer than heartbeat_timeout_s read as a stall at once
+        control[CTRL_SAMPLER_HEARTBEAT] = time.time()
         control[CTRL_SAMPLER_READY] = 1.0
         next_parent_check_s = 0.0
         while control[CTRL_STOP] == 0:
-            if sampler.advance(wait_s=poll_s):  # a slot became READY: publish the RNG state at this boundary
+            num_ready = sampler.advance(wait_s=poll_s)
+            if num_ready:  # a slot became READY: publish the RNG state at this boundary
                 rng_shared.write(torch.get_rng_state())  # PERF: a 5 KB copy per slot, never a wait
+                for _ in range(num_ready):  # the splits of one pass may finish together: one call per slot
+                    control[CTRL_SAMPLER_SLOTS] += 1
+                    if slot_hook is not None:
+                        slot_hook(int(control[CTRL_SAMPLER_SLOTS]))
             now = time.monotonic()
             if now >= next_parent_check_s:  # the runner (not necessarily our OS parent: forkserver) still there?
                 if not pid_alive(parent_pid):
@@ -198,6 +250,9 @@ class Runner:
         hooks: RunnerHooks (or any object with some of its methods).
         sampler_rng_state: the sampler's torch RNG state to start from (``sampler_rng_state()`` of the run being
             resumed); None: async draws a fresh seed for the sampler process, serial leaves the process RNG as is.
+        sampler_hook: async only: ``sampler_hook(n)`` is called in the sampler process after its n-th READY slot
+            (n counts the slots of every sampler process of this run). Picklable. For fault injection
+            (``debug.inject=sampler_crash@slot:<n>``); None: nothing.
     """
 
     def __init__(
@@ -210,6 +265,7 @@ class Runner:
         mode: str = "async",
         hooks: RunnerHooks | None = None,
         sampler_rng_state: torch.Tensor | None = None,
+        sampler_hook: Callable[[int], None] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -236,6 +292,10 @@ class Runner:
         self._learner_wait_s = 0.0
         self._initial_sampler_rng = None if sampler_rng_state is None else sampler_rng_state.clone()
         self._rng_shared: SharedRngState | None = None
+        self._sampler_hook = sampler_hook
+        self.sampler_restarts = 0  #: sampler processes replaced in this run
+        self._failures: collections.deque[float] = collections.deque()  # monotonic times, within restart_window_s
+        self._generation = 0  # 0: the first sampler process; n: its n-th replacement
 
     # ----- public ---------------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -296,7 +356,7 @@ class Runner:
                 split_seeds=_split_seeds(cfg),
             )
             return
-        ctx = mp.get_context(self.rcfg.mp_start_method)
+        self._ctx = ctx = mp.get_context(self.rcfg.mp_start_method)
         start_resource_tracker()  # before the store's semaphores register with it: it must survive a group SIGHUP
         try:  # the probe env's specs, per-split count and truncation_limit size the slots (wiring.build_store)
             self.store = build_store(first, cfg, shared=True, ctx=ctx, policy=self.policy)
@@ -307,9 +367,17 @@ class Runner:
         self.episodes = EpisodeRing(self.rcfg.episode_capacity, shared=True)
         self.control = new_control(shared=True)
         self._rng_shared = SharedRngState()
+        self._spawn_sampler(self._initial_sampler_rng)
+
+    def _spawn_sampler(self, rng_state: torch.Tensor | None) -> None:
+        """Start a sampler process (the first, or the replacement of one that failed) on the shared stores."""
+        ctx = self._ctx
         err_recv, err_send = ctx.Pipe(duplex=False)
         self._dump = StackDumpFile()  # no name on disk: nothing is left in /tmp even after a kill -9 of this process
         self._err_conn = err_recv
+        self.control[CTRL_STOP] = 0.0
+        self.control[CTRL_SAMPLER_READY] = 0.0
+        self.control[CTRL_SAMPLER_HEARTBEAT] = time.time()
         args = (
             self.env_fn,
             self.policy_fn,
@@ -317,21 +385,25 @@ class Runner:
             self.param_store,
             self.episodes,
             self.control,
-            cfg,
+            self.cfg,
             self.rcfg.poll_s,
-            _split_seeds(cfg),
+            _split_seeds(self.cfg, self._generation),
             int(torch.randint(0, 2**31 - 1, ())),
-            self._initial_sampler_rng,
+            rng_state,
             self._rng_shared,
             err_send,
             self._dump.child_handle(),
             os.getpid(),
+            self._sampler_hook,
         )
-        self.process = ctx.Process(target=_sampler_main, args=args, name="sample_fast-sampler", daemon=True)
+        process = ctx.Process(target=_sampler_main, args=args, name="sample_fast-sampler", daemon=True)
         self._sampler_started_s = time.monotonic()
-        with stop_signals_blocked():  # the child is born with them blocked (procs.stop_signals_blocked)
-            self.process.start()
-        err_send.close()  # the child holds the only write end: EOF on our side means it is gone
+        try:
+            with stop_signals_blocked():  # the child is born with them blocked (procs.stop_signals_blocked)
+                process.start()
+        finally:
+            err_send.close()  # the child holds the only write end: EOF on our side means it is gone
+        self.process = process
 
     # ----- loop -----------------------------------------------------------------------------------------------
     def _loop(self, total_env_steps: int, time_limit_s: float | None) -> str:
@@ -344,9 +416,12 @@ class Runner:
                 return "total_env_steps"
             if time_limit_s is not None and time.monotonic() - self._t0 >= time_limit_s:
                 return "time_limit"
-            slot_idx = self._next_ready_slot()
-            if slot_idx is not None:
-                self._train_on(slot_idx)
+            try:
+                slot_idx = self._next_ready_slot()
+                if slot_idx is not None:
+                    self._train_on(slot_idx)
+            except SamplerError as e:
+                self._replace_sampler(e)  # raises when it must not (or may no longer) be replaced
 
     def _next_ready_slot(self) -> int | None:
         store = self.store
@@ -374,7 +449,13 @@ class Runner:
             metrics = dict(self.learner.train(batch))
             faulthandler.cancel_dump_traceback_later()
         finally:
-            store.release(slot_idx)  # INVARIANT: the learner keeps no reference into the slot after train()
+            try:
+                store.release(slot_idx)  # INVARIANT: the learner keeps no reference into the slot after train()
+            except StoreLockTimeout as e:  # the sampler died or is stopped inside the lock: replace it
+                if self.mode == "serial":
+                    raise
+                raise SamplerError(f"the sampler process (pid {self.process.pid}) held the store's lock: {e}",
+                                   kind="stalled") from None  # fmt: skip
         self._num_trains += 1
         self.env_steps += store.rollout_len * store.num_envs
         if self.param_store is not None:
@@ -421,7 +502,9 @@ class Runner:
         if self._err_conn.poll():
             tb = self._recv_error()
             if tb:
-                raise SamplerError(f"the sampler process raised an exception; its traceback:\n{tb}")
+                raise SamplerError(
+                    f"the sampler process (pid {proc.pid}) raised an exception; its traceback:\n{tb}", kind="exception"
+                )
             closed = True  # EOF: the child closed its end, i.e. it is exiting
         if closed or not proc.is_alive():
             proc.join(timeout=2.0)
@@ -429,13 +512,16 @@ class Runner:
             how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
             raise SamplerError(
                 f"the sampler process (pid {proc.pid}) died with {how} (no traceback: killed, or crashed in native "
-                "code; a kill -9 by the OOM killer shows in `dmesg`)"
+                "code; a kill -9 by the OOM killer shows in `dmesg`)",
+                kind="died" if code is not None and code < 0 else "exited",
             )
         if self.control[CTRL_SAMPLER_READY] == 0:
             waited = time.monotonic() - self._sampler_started_s
             if waited > self.rcfg.startup_timeout_s:
                 self._raise_stalled(
-                    f"did not build its envs and policy within runner.startup_timeout_s={self.rcfg.startup_timeout_s:g}"
+                    "did not build its envs and policy within "
+                    f"runner.startup_timeout_s={self.rcfg.startup_timeout_s:g}",
+                    kind="startup",
                 )
             return
         age = time.time() - float(self.control[CTRL_SAMPLER_HEARTBEAT])
@@ -450,7 +536,7 @@ class Runner:
         except (EOFError, OSError):
             return ""
 
-    def _raise_stalled(self, what: str) -> None:
+    def _raise_stalled(self, what: str, kind: str = "stalled") -> None:
         pid = self.process.pid
         try:
             os.kill(pid, signal.SIGUSR1)  # faulthandler in the child writes every thread's stack to the dump file
@@ -461,7 +547,47 @@ class Runner:
             time.sleep(0.05)
         time.sleep(0.1)
         dump = self._dump.read() or "(no stack dump was written)"
-        raise SamplerError(f"the sampler process (pid {pid}) {what}; its stacks:\n{dump}")
+        raise SamplerError(f"the sampler process (pid {pid}) {what}; its stacks:\n{dump}", kind=kind)
+
+    # ----- restarts -------------------------------------------------------------------------------------------
+    def _replace_sampler(self, error: SamplerError) -> None:
+        """Replace the failed sampler process (see the module docstring), or raise: ``error`` itself when it must
+        not be replaced (serial mode; a first process that raised or timed out before it was ever ready), a
+        SamplerRestartLimit when the restarts within the window are used up."""
+        if self.mode != "async":
+            raise error
+        first_never_ready = self._generation == 0 and self.control[CTRL_SAMPLER_READY] == 0
+        if first_never_ready and error.kind in ("exception", "exited", "startup"):
+            raise error
+        cause = str(error).splitlines()[0]
+        now = time.monotonic()
+        self._failures.append(now)
+        while now - self._failures[0] > self.rcfg.restart_window_s:
+            self._failures.popleft()
+        limit, window = self.rcfg.max_sampler_restarts, self.rcfg.restart_window_s
+        if len(self._failures) > limit:
+            self._reap_sampler(graceful=False)  # dead or stalled: no graceful wait at shutdown
+            raise SamplerRestartLimit(
+                f"the sampler process failed {len(self._failures)} times within runner.restart_window_s={window:g} s, "
+                f"more than runner.max_sampler_restarts={limit} allows: the run stops. Fix the cause (a crash in the "
+                "env or the policy, memory: `dmesg`), or raise runner.max_sampler_restarts. The last failure: "
+                f"{error}",
+                kind=error.kind,
+            ) from error
+        detail = str(error).split("\n", 1)[1] if "\n" in str(error) else ""
+        log.warning(
+            "%s; restarting it (restart %d of this run; %d of runner.max_sampler_restarts=%d within "
+            "runner.restart_window_s=%g s)%s", cause, self.sampler_restarts + 1, len(self._failures), limit, window,
+            f"\n{detail}" if detail else "",
+        )  # fmt: skip
+        self._reap_sampler(graceful=False)
+        rng_state = self._rng_shared.read(timeout_s=0.1)  # the stream continues where it was last published
+        self._rng_shared.reset()
+        self.store.replace_writer()  # fresh lock; its partial slots back to FREE, re-poisoned
+        self._generation += 1
+        self.sampler_restarts += 1
+        self._spawn_sampler(rng_state)
+        self._hook("on_sampler_restart", self.env_steps, cause, self.sampler_restarts)
 
     # ----- stop -----------------------------------------------------------------------------------------------
     def _hook(self, name: str, *args: Any) -> None:
@@ -482,22 +608,28 @@ class Runner:
         if self.sampler is not None:
             self.sampler.close()
             self.sampler = None
+        self._reap_sampler(graceful=True)
+
+    def _reap_sampler(self, graceful: bool) -> None:
+        """Stop and join the sampler process and close its pipe and dump file. ``graceful``: ask it through
+        ``CTRL_STOP`` and wait ``shutdown_timeout_s`` before SIGKILL; else (it died or stalled) SIGKILL at once."""
         proc = self.process
         if proc is not None:
-            self.control[CTRL_STOP] = 1.0
-            try:
-                self.store.wake_all()
-            except Exception:
-                pass
-            proc.join(timeout=self.rcfg.shutdown_timeout_s)  # SYNC: bounded
-            if proc.is_alive():  # it ignores SIGTERM (see _sampler_main): SIGKILL
-                print(
-                    f"sampler process {proc.pid} did not stop within {self.rcfg.shutdown_timeout_s:g} s; killing it",
-                    file=sys.stderr,
-                )
+            if graceful:
+                self.control[CTRL_STOP] = 1.0
+                try:
+                    self.store.wake_all()
+                except Exception:
+                    pass
+                proc.join(timeout=self.rcfg.shutdown_timeout_s)  # SYNC: bounded
+            if proc.is_alive():  # it ignores SIGTERM (see _sampler_main): SIGKILL (works on a stopped one too)
+                if graceful:
+                    print(f"sampler process {proc.pid} did not stop within {self.rcfg.shutdown_timeout_s:g} s; "
+                          "killing it", file=sys.stderr)  # fmt: skip
                 proc.kill()
-                proc.join(timeout=3.0)
-            proc.close()
+            proc.join(timeout=5.0)  # SYNC: bounded
+            if proc.exitcode is not None:
+                proc.close()
             self.process = None
         if self._err_conn is not None:
             self._err_conn.close()
@@ -516,6 +648,7 @@ class Runner:
             "reason": reason,
             "policy_version": self._learner_version(),
             "episodes_dropped": self.episodes.dropped if hasattr(self, "episodes") else 0,
+            "sampler_restarts": self.sampler_restarts,
         }
 
     # ----- signals --------------------------------------------------------------------------------------------
@@ -537,4 +670,12 @@ class Runner:
         self.request_stop()
 
 
-__all__ = ["Runner", "RunnerConfig", "RunnerHooks", "SamplerConfig", "SamplerError", "CTRL_SAMPLER_STEPS"]
+__all__ = [
+    "Runner",
+    "RunnerConfig",
+    "RunnerHooks",
+    "SamplerConfig",
+    "SamplerError",
+    "SamplerRestartLimit",
+    "CTRL_SAMPLER_STEPS",
+]

@@ -173,6 +173,10 @@ class TrainHooks:
     def on_episodes(self, env_steps: int, returns: torch.Tensor, lengths: torch.Tensor) -> None:
         self.logger.add_episodes(returns, lengths)
 
+    def on_sampler_restart(self, env_steps: int, cause: str, restarts: int) -> None:
+        """The runner replaced a failed sampler process (it logged the cause): counted in progress.csv."""
+        self.logger.add_sampler_restart()
+
     def on_stop(self, env_steps: int, reason: str) -> None:
         self.env_steps, self.stop_reason = env_steps, reason
         forced = self.stopper is not None and self.stopper.forced
@@ -400,7 +404,12 @@ def prepare(cfg_in: DictConfig | TrainConfig) -> tuple[TrainConfig, str]:
         raise ConfigError(f"run.max_save_failures={cfg.run.max_save_failures} must be >= 1 (1: stop at the first)")
     if cfg.run.max_rollbacks < 0:
         raise ConfigError(f"run.max_rollbacks={cfg.run.max_rollbacks} must be >= 0 (0: stop at the first rollback)")
-    parse_faults(cfg.debug.inject)
+    faults = parse_faults(cfg.debug.inject)
+    if cfg.run.mode == "serial" and any(f.name == "sampler_crash" for f in faults):
+        raise ConfigError(
+            "debug.inject=sampler_crash needs run.mode=async: serial mode has no sampler process to crash "
+            "(its sampler runs in the main process)"
+        )
     rdir = run_dir(cfg)
     if os.path.exists(rdir) and not os.path.isdir(rdir):
         raise ConfigError(f"run directory {rdir} exists and is not a directory; set run.dir or run.name")
@@ -428,6 +437,7 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
     Runner = import_runner()
     from .checkpoint import CheckpointManager
     from .logger import ProgressLogger
+    from .runner import SamplerError
 
     try:
         if cfg.restart and os.path.exists(rdir) and os.listdir(rdir):
@@ -497,7 +507,7 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
         sampler_rng = resume_state.get("sampler_rng") if resume_state is not None else None
         runner = Runner(
             env_fn, policy_fn, learner_fn, sampler_cfg, cfg.runner, mode=cfg.run.mode, hooks=hooks,
-            sampler_rng_state=sampler_rng,
+            sampler_rng_state=sampler_rng, sampler_hook=injector.sampler_hook(),
         )  # fmt: skip
         hooks.runner = runner
         hooks._start_rollbacks = int(getattr(runner.learner, "rollbacks", 0))  # cumulative: restored on resume
@@ -510,6 +520,10 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
         interrupted = KeyboardInterrupt()
         interrupted.message = hooks.interrupted_message()
         raise interrupted from None
+    except SamplerError as e:  # a sampler that could not be (or was too often) replaced: the final checkpoint is on
+        # disk (on_stop ran); one message, with the sampler's own traceback or stacks where it had them, no ours
+        saved = f"final checkpoint {hooks.last_saved_path} written" if hooks.final_saved else hooks._newest_on_disk()
+        raise RunFailed(f"{e}\n({saved}; the same command resumes)") from None
     finally:
         # no-op when on_stop already closed it; without a runner there is no new row to write
         logger.close(hooks.env_steps if hooks.runner is not None else None, plot=not stopper.forced)
@@ -536,10 +550,18 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
 
 
 def main() -> None:
-    """Console entry point (``sample-fast-train``) and ``python -m sample_fast.train``: see ``sample_fast.cli``."""
+    """Console entry point (``sample-fast-train``) and ``python -m sample_fast.train``: see ``sample_fast.cli``.
+
+    When the run is over (its last line printed, its exit status decided) the process ignores the stop signals: one
+    that arrived while the interpreter shuts down (Python restores the default actions then) killed it instead, and
+    a double Ctrl-C 1-2 s apart ended with "killed by SIGINT" rather than its exit status 130 (the fault suite)."""
     from .cli import main as cli_main
 
-    cli_main()
+    try:
+        cli_main()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

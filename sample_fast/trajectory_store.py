@@ -3,13 +3,19 @@
 It owns one ``TensorDict`` ``[num_slots]`` of per-slot tensors (keys in ``docs/sampler.md``: observations
 ``[T + 1, B, ...]`` stored once, per-step ``[T, B]`` keys, and a compact side table of the true final observations
 of truncated steps), allocated once and poisoned at allocation, and a small shared int tensor of slot states
-guarded by one multiprocessing condition:
+guarded by one multiprocessing lock, with a "doorbell" semaphore per state that a waiter sleeps on:
 
     FREE --acquire_free--> FILLING --mark_ready--> READY --acquire_ready--> TRAINING --release--> FREE
                               \\--discard (partial slot of a stopped/restarted sampler)--> FREE
 
 Only slot indices cross process boundaries; tensors stay where they were allocated. It never steps envs and never
 computes losses.
+
+Why a lock and doorbells, not a ``multiprocessing.Condition``: a Condition's ``notify_all`` blocks until every
+registered waiter has woken, so a waiter that was killed (kill -9, a native crash) or stopped (SIGSTOP) while waiting
+hangs the notifier -- the learner -- for ever, and a lock held by a dead process is never released. Here nothing
+waits without a bound: ringing a doorbell (``Semaphore.release``) never blocks, every lock acquisition has a timeout,
+and ``replace_writer`` gives the store a fresh lock and doorbells once a dead writer process is gone.
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ LEGAL_TRANSITIONS = {(FREE, FILLING), (FILLING, READY), (READY, TRAINING), (TRAI
 #: the store's ``obs_written`` mask instead (see ``TrajectoryStore``).
 INT_POISON = -(2**62)
 BOOL_POISON_BYTE = 255
+
+#: The longest a state transition waits for the store's lock (held for microseconds, except by a process that died or
+#: was stopped inside it): then it raises StoreLockTimeout rather than hang.
+LOCK_TIMEOUT_S = 5.0
 
 #: The side table of truncated steps' final observations (the first ``final_count`` rows are valid).
 FINAL_KEYS = ("final_obs", "final_step_idx", "final_env_idx", "final_count")
@@ -135,6 +145,10 @@ class SlotStateError(RuntimeError):
     """An illegal slot-state transition (a bug in the caller: e.g. training a slot that is still FILLING)."""
 
 
+class StoreLockTimeout(TimeoutError):
+    """The store's lock was not released within LOCK_TIMEOUT_S: the other process died or was stopped holding it."""
+
+
 class TrajectoryStore:
     """Shared-memory rollout slots with a FREE/FILLING/READY/TRAINING state machine (layout: ``trajectory_spec``).
 
@@ -222,9 +236,20 @@ class TrajectoryStore:
                 t.share_memory_()
             if self.obs_written is not None:
                 self.obs_written.share_memory_()
-            self._cond = ctx.Condition(ctx.Lock())
+        self._ctx = ctx
+        self._new_sync()
+
+    def _new_sync(self) -> None:
+        """The lock that guards the states, and one doorbell per state a process waits for (FREE: the sampler,
+        READY: the learner). A waiter drains its doorbell, checks the states under the lock, and sleeps on the
+        doorbell; whoever makes a slot FREE or READY rings it afterwards (``release``: never blocks). A ring between
+        the check and the sleep leaves the count at 1, so no wake-up is lost; stale rings only cause a re-check."""
+        if self.shared:
+            self._lock = self._ctx.Lock()
+            self._bells = {FREE: self._ctx.Semaphore(0), READY: self._ctx.Semaphore(0)}
         else:
-            self._cond = threading.Condition(threading.Lock())
+            self._lock = threading.Lock()
+            self._bells = {FREE: threading.Semaphore(0), READY: threading.Semaphore(0)}
 
     def bytes_per_slot(self) -> int:
         """Bytes of one slot's tensors (the ``obs_written`` mask included)."""
@@ -238,6 +263,7 @@ class TrajectoryStore:
         state = dict(self.__dict__)
         if not self.shared:
             raise TypeError("an in-process TrajectoryStore (shared=False) cannot cross a process boundary")
+        state["_ctx"] = None  # only the creating process replaces the lock (replace_writer)
         return state
 
     # ----- state machine --------------------------------------------------------------------------------------
@@ -260,38 +286,51 @@ class TrajectoryStore:
             )
         self.states[slot_idx] = new
 
+    def _ring(self, state: int) -> None:
+        bell = self._bells.get(state)
+        if bell is not None:
+            bell.release()  # never blocks
+
     def transition(self, slot_idx: int, new: int) -> None:
-        """Move ``slot_idx`` to ``new`` if that is legal from its current state, else raise SlotStateError."""
+        """Move ``slot_idx`` to ``new`` if that is legal from its current state, else raise SlotStateError.
+        Raises StoreLockTimeout if the lock stays taken for LOCK_TIMEOUT_S (its holder died or was stopped)."""
         self._check_idx(slot_idx)
-        with self._cond:  # SYNC: cross-process lock, held for a few tensor element writes
+        if not self._lock.acquire(True, LOCK_TIMEOUT_S):  # SYNC: cross-process lock, held for microseconds
+            raise StoreLockTimeout(
+                f"slot {slot_idx} -> {STATE_NAMES[new]}: the store's lock was not released within {LOCK_TIMEOUT_S:g} s "
+                "(the process holding it died or is stopped)"
+            )
+        try:
             self._transition_locked(slot_idx, new)
             if new == READY:
                 self.ready_seq[slot_idx] = int(self.counters[0])
                 self.counters[0] += 1
-            self._cond.notify_all()
+        finally:
+            self._lock.release()
+        self._ring(new)
 
     def _acquire(self, want: int, new: int, timeout_s: float, oldest: bool) -> int | None:
         deadline = time.monotonic() + timeout_s
-
-        def pick() -> int | None:
-            idx = (self.states == want).nonzero().flatten()
-            if idx.numel() == 0:
-                return None
-            if oldest:
-                return int(idx[torch.argmin(self.ready_seq[idx])])
-            return int(idx[0])
-
-        with self._cond:  # SYNC: waits at most timeout_s for another process's notify
-            while True:
-                slot_idx = pick()
+        bell = self._bells[want]
+        while True:
+            while bell.acquire(False):  # drain stale rings: the states are read next, under the lock
+                pass
+            # SYNC: bounded by timeout_s (a lock held by a dead or stopped process reads as "nothing to take")
+            if self._lock.acquire(True, max(deadline - time.monotonic(), 0.01)):
+                try:
+                    idx = (self.states == want).nonzero().flatten()
+                    slot_idx = None
+                    if idx.numel():
+                        slot_idx = int(idx[torch.argmin(self.ready_seq[idx])]) if oldest else int(idx[0])
+                        self._transition_locked(slot_idx, new)
+                finally:
+                    self._lock.release()
                 if slot_idx is not None:
-                    self._transition_locked(slot_idx, new)
-                    self._cond.notify_all()
                     return slot_idx
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._cond.wait(timeout=remaining)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            bell.acquire(True, remaining)  # SYNC: sleeps until a ring or the deadline
 
     def acquire_free(self, timeout_s: float) -> int | None:
         """Take a FREE slot and mark it FILLING; None if none became free within ``timeout_s`` (backpressure)."""
@@ -315,8 +354,24 @@ class TrajectoryStore:
 
     def wake_all(self) -> None:
         """Wake every waiter (used at shutdown so waits end before their timeout)."""
-        with self._cond:
-            self._cond.notify_all()
+        for state in self._bells:
+            self._ring(state)
+
+    def replace_writer(self, keep: tuple[int, ...] = ()) -> list[int]:
+        """After the sampler (writer) process died and was joined: a fresh lock and doorbells (the dead process may
+        hold the old lock, or be counted as a sleeper), and every slot that is neither READY (complete: the learner
+        trains on it) nor listed in ``keep`` (slots the caller still owns) back to FREE, re-poisoned: the dead
+        writer's partial FILLING slots, and TRAINING slots whose release timed out. Call it only while no other
+        process uses the store; the next writer process must be started after it (it gets the new lock). Returns
+        the slots freed."""
+        self._new_sync()
+        freed = []
+        for slot_idx, state in enumerate(self.states.tolist()):
+            if state != READY and state != FREE and slot_idx not in keep:
+                self.poison(slot_idx)
+                self.states[slot_idx] = FREE
+                freed.append(slot_idx)
+        return freed
 
     # ----- data -----------------------------------------------------------------------------------------------
     def slot(self, slot_idx: int) -> TensorDict:

@@ -176,6 +176,97 @@ def test_sampler_child_starts_with_stop_signals_blocked():
     assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT, signal.SIGTERM}  # restored here
 
 
+# ----- the elastic sampler ------------------------------------------------------------------------------------------
+def _sampler_pids(pid: int) -> list[int]:
+    out = []
+    for child in descendants(pid):
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmd:
+            out.append(child)
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_killed_sampler_is_replaced_in_a_real_run(tmp_path):
+    """kill -9 of the sampler of an async toy run: one warning naming the cause, a new sampler process, training
+    and its counters continue (progress.csv: env_steps and num_updates increasing, sampler_restarts 1), and a
+    SIGTERM afterwards still ends with exit status 143, a final checkpoint and nothing left behind."""
+    before = shm_entries()
+    proc, rdir, log_path = _start(tmp_path, "run.mode=async")
+    with _reaped(proc):
+        _wait_rows(proc, rdir, log_path)
+        (old,) = _sampler_pids(proc.pid)
+        tracker = [p for p in descendants(proc.pid) if p != old]
+        rows_before = len(read_csv(str(rdir / "progress.csv")))
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while True:  # a new sampler, and rows written after it started training
+            new = [p for p in _sampler_pids(proc.pid) if p != old]
+            rows = read_csv(str(rdir / "progress.csv"))
+            if new and rows[-1]["sampler_restarts"] == 1 and len(rows) >= rows_before + 3:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    text = log_path.read_text()
+    assert rc == 143, text[-3000:]
+    warnings = [line for line in text.splitlines() if "restarting it" in line]
+    assert len(warnings) == 1 and f"the sampler process (pid {old}) died with signal SIGKILL" in warnings[0]
+    assert "Traceback" not in text
+    rows = read_csv(str(rdir / "progress.csv"))
+    for key in ("env_steps", "num_updates"):
+        values = [r[key] for r in rows]
+        assert values == sorted(values) and len(set(values)) == len(values), key  # strictly increasing
+    assert rows[-1]["sampler_restarts"] == 1 and rows[0]["sampler_restarts"] == 0
+    state, _ = CheckpointManager(rdir).load_resume()
+    assert state["env_steps"] == rows[-1]["env_steps"] and state["logger"]["sampler_restarts"] == 1
+    assert not [p for p in (old, *new, *tracker) if pid_alive(p)], "orphan processes"
+    assert _leaked_shm(before) == set()
+
+
+@pytest.mark.timeout(240)
+def test_injected_sampler_crash_is_rehearsed_and_the_run_finishes(tmp_path):
+    rdir = tmp_path / "run"
+    proc = subprocess.run(
+        [PYTHON, "-m", "sample_fast.train", "env=toy", "run.mode=async", *QUIET, "run.total_env_steps=32768",
+         f"run.dir={rdir}", "debug.inject=sampler_crash@slot:3"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=220,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "debug.inject=sampler_crash@slot:3" in proc.stderr
+    assert re.search(r"the sampler process \(pid \d+\) died with signal SIGKILL .*restarting it", proc.stderr)
+    rows = read_csv(str(rdir / "progress.csv"))
+    assert rows[-1]["sampler_restarts"] == 1 and rows[-1]["env_steps"] >= 32768
+
+
+@pytest.mark.timeout(240)
+def test_sampler_restart_limit_stops_the_run_with_a_final_checkpoint(tmp_path):
+    """sampler_crash at every slot from the 2nd on: the first replacement dies at its first slot too, which is
+    one failure more than runner.max_sampler_restarts=1 allows: one error line, a final checkpoint, exit status 1."""
+    rdir = tmp_path / "run"
+    proc = subprocess.run(
+        [PYTHON, "-m", "sample_fast.train", "env=toy", "run.mode=async", *QUIET, "run.total_env_steps=1e9",
+         f"run.dir={rdir}", "debug.inject=sampler_crash@slot:2+", "runner.max_sampler_restarts=1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=220,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "failed 2 times within runner.restart_window_s=600 s" in errors[0], errors
+    assert "more than runner.max_sampler_restarts=1 allows" in errors[0]
+    m = re.search(r"final checkpoint (\S+) written", proc.stderr)
+    assert m and read_checkpoint_file(m[1])["state"]["env_steps"] > 0
+
+
+def test_sampler_crash_needs_async_mode():
+    with pytest.raises(ConfigError, match="sampler_crash needs run.mode=async"):
+        train_mod.prepare(_cfg("run.mode=serial", "debug.inject=sampler_crash@slot:1"))
+
+
 # ----- storage faults -----------------------------------------------------------------------------------------------
 def _warnings(caplog, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and text in r.getMessage()]

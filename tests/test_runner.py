@@ -20,8 +20,9 @@ from sample_fast.envs.toy import ToyEnv
 from test_sampler import ACTION_STEP, LOG_STD, VersionPolicy, check_batch, toy_env
 
 from sample_fast.procs import SharedRngState, leaked_shm, pid_alive, shm_entries
-from sample_fast.runner import Runner, RunnerConfig, SamplerError
+from sample_fast.runner import Runner, RunnerConfig, SamplerError, SamplerRestartLimit
 from sample_fast.sampler import SamplerConfig
+from sample_fast.trajectory_store import TrajectoryStore
 
 OUR_SHM_PREFIXES = ("sem.mp-", "torch_", "psm_")
 multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "sample_fast.runner", "test_runner"])
@@ -174,7 +175,7 @@ def test_async_runner_trains_on_correct_batches_and_leaves_nothing_behind():
 
 @pytest.mark.timeout(90)
 def test_killed_sampler_is_detected_within_seconds():
-    runner, hooks = _runner("async")
+    runner, hooks = _runner("async", max_sampler_restarts=0)  # no restart: the first failure stops the run
     killed = {}
 
     def kill_on_second_train(h, env_steps):
@@ -190,13 +191,13 @@ def test_killed_sampler_is_detected_within_seconds():
     # machine ~30x that, and still fails a runner that only notices a dead child through the 3 s heartbeat or later.
     assert time.monotonic() - killed["t"] < 10.0
     assert not pid_alive(killed["pid"])
-    assert len(hooks.stops) == 1 and hooks.stops[0][1].startswith("error: SamplerError")
+    assert len(hooks.stops) == 1 and hooks.stops[0][1].startswith("error: SamplerRestartLimit")
 
 
 @pytest.mark.timeout(90)
 def test_sampler_exception_traceback_reaches_the_parent_and_nothing_leaks():
     before = shm_entries()
-    runner, hooks = _runner("async", env_fn=functools.partial(FailingToy, 6, 30, "raise"))
+    runner, hooks = _runner("async", env_fn=functools.partial(FailingToy, 6, 30, "raise"), max_sampler_restarts=0)
     pids = []
     hooks.on_train_extra = lambda h, s: pids.append(h.runner.process.pid)
     with pytest.raises(SamplerError, match="boom at step 30") as err:
@@ -211,8 +212,9 @@ def test_sampler_exception_traceback_reaches_the_parent_and_nothing_leaks():
 @pytest.mark.timeout(90)
 def test_stalled_sampler_is_reported_with_its_stack():
     runner, _ = _runner(
-        "async", env_fn=functools.partial(FailingToy, 6, 30, "hang"), heartbeat_timeout_s=3.0, shutdown_timeout_s=1.0
-    )
+        "async", env_fn=functools.partial(FailingToy, 6, 30, "hang"), heartbeat_timeout_s=3.0, shutdown_timeout_s=1.0,
+        max_sampler_restarts=0,
+    )  # fmt: skip
     t0 = time.monotonic()
     with pytest.raises(SamplerError, match="sent no heartbeat") as err:
         runner.run(total_env_steps=10**9)
@@ -222,6 +224,128 @@ def test_stalled_sampler_is_reported_with_its_stack():
     # heartbeat_timeout_s (3) + the dump wait (<= 2) + shutdown (1, then terminate): measured 4.4 s; a bound ~14x
     # that, far below the child's 120 s hang, so a runner that waited for the hang to end fails here.
     assert time.monotonic() - t0 < 60
+
+
+# ----- the elastic sampler --------------------------------------------------------------------------------------------
+def _logging_toy(path: str, num_envs: int) -> ToyEnv:
+    """toy_env that appends the pid of the process building it to ``path`` (who built which env groups)."""
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return toy_env(num_envs)
+
+
+class RestartHooks(RecordingHooks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarts = []
+
+    def on_sampler_restart(self, env_steps, cause, restarts):
+        self.restarts.append((env_steps, cause, restarts, len(self.trains)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_failed_sampler_is_replaced_and_training_goes_on(tmp_path, monkeypatch, how):
+    """kill -9 (or SIGSTOP: no heartbeat) of the sampler process mid-run: a new process rebuilds its envs, the
+    dead one's partial slots go back to FREE re-poisoned, the learner keeps its state and counters, the run reaches
+    its total, and nothing is left behind."""
+    before = shm_entries()
+    built = tmp_path / "built.txt"
+    hooks = RestartHooks()
+    runner = Runner(functools.partial(_logging_toy, str(built), 6), VersionPolicy, CheckingLearner, _cfg(),
+                    _rcfg(heartbeat_timeout_s=2.0), mode="async", hooks=hooks)  # fmt: skip
+    hooks.runner = runner
+    freed = []
+    replace_writer = TrajectoryStore.replace_writer
+
+    def recording_replace_writer(store):  # the slots it frees must hold poison again, every key
+        slots = replace_writer(store)
+        freed.append({i: store.find_poison(i) for i in slots})
+        return slots
+
+    monkeypatch.setattr(TrajectoryStore, "replace_writer", recording_replace_writer)
+
+    def fault_on_third_train(h, env_steps):
+        if len(h.trains) == 3:
+            h.killed = h.runner.process.pid
+            os.kill(h.killed, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+
+    hooks.on_train_extra = fault_on_third_train
+    summary = runner.run(total_env_steps=48 * 24)
+    _check_run(runner, hooks, summary, 48 * 24)  # every batch checked, versions and env steps continuous
+    assert summary["sampler_restarts"] == 1 and runner.sampler_restarts == 1
+    ((steps, cause, count, trains_at),) = hooks.restarts
+    what = "died with signal SIGKILL" if how == "kill" else "sent no heartbeat for"
+    assert f"the sampler process (pid {hooks.killed}) {what}" in cause and count == 1 and trains_at >= 3
+    assert trains_at < len(hooks.trains)  # training went on after the restart
+    # env groups: 2 built by the first sampler process, 2 by its replacement (the parent's probe too)
+    pids = [int(x) for x in built.read_text().split()]
+    children = [p for p in pids if p != os.getpid()]
+    assert len(children) == 4 and len(set(children)) == 2 and hooks.killed == children[0]
+    # the dead process's partial slots were freed, each fully poisoned (every key, all rows) when freed
+    # (the learner here is faster than the toy sampler, so the sampler always holds a slot FILLING)
+    assert len(freed) == 1 and len(freed[0]) >= 1
+    T, B, OBS = 8, 6, 3
+    for bad in freed[0].values():
+        assert bad["rewards"] == T * B and bad["obs"] == (T + 1) * B * OBS and bad["final_count"] == 1
+    assert not pid_alive(hooks.killed)
+    del runner, hooks
+    assert _new_shm(before) == set()
+
+
+@pytest.mark.timeout(120)
+def test_restart_limit_stops_the_run():
+    """An env that fails in every process: after runner.max_sampler_restarts restarts within the window, the next
+    failure stops the run (on_stop runs: the trainer's final checkpoint) with a message naming the limit."""
+    hooks = RestartHooks()
+    runner = Runner(functools.partial(FailingToy, 6, 30, "raise"), VersionPolicy, CheckingLearner, _cfg(),
+                    _rcfg(max_sampler_restarts=2, restart_window_s=600.0), mode="async", hooks=hooks)  # fmt: skip
+    hooks.runner = runner
+    with pytest.raises(SamplerRestartLimit) as err:
+        runner.run(total_env_steps=10**9)
+    message = str(err.value)
+    assert "failed 3 times within runner.restart_window_s=600 s, more than runner.max_sampler_restarts=2" in message
+    assert "boom at step 30" in message  # the last failure's own traceback
+    assert [r[2] for r in hooks.restarts] == [1, 2] and runner.sampler_restarts == 2
+    assert len(hooks.stops) == 1 and hooks.stops[0][1].startswith("error: SamplerRestartLimit")
+    assert runner.process is None
+
+
+@pytest.mark.timeout(60)
+def test_first_sampler_that_cannot_start_is_not_restarted():
+    """An exception while the first process builds its envs (a broken env or policy) would only repeat: no
+    restart, the SamplerError at once."""
+
+    hooks = RestartHooks()
+    runner = Runner(_failing_build, VersionPolicy, CheckingLearner, _cfg(), _rcfg(), mode="async", hooks=hooks)
+    hooks.runner = runner
+    with pytest.raises(SamplerError, match="no env here") as err:
+        runner.run(total_env_steps=10**9)
+    assert not isinstance(err.value, SamplerRestartLimit) and hooks.restarts == []
+
+
+def _slow_build(delay_s: float) -> ToyEnv:
+    if multiprocessing.parent_process() is not None:  # the sampler process builds slowly (an MJX compile, a load)
+        time.sleep(delay_s)
+    return toy_env(6)
+
+
+@pytest.mark.timeout(90)
+def test_a_start_up_longer_than_the_heartbeat_timeout_is_no_stall():
+    """The heartbeat timeout counts from READY on: a sampler that takes 2 x 1.5 s to build its envs, with
+    runner.heartbeat_timeout_s=1, is not taken for a stalled one (the suite's SIGSTOP case restarted it 3 times)."""
+    hooks = RestartHooks()
+    runner = Runner(functools.partial(_slow_build, 1.5), VersionPolicy, CheckingLearner, _cfg(),
+                    _rcfg(heartbeat_timeout_s=1.0), mode="async", hooks=hooks)  # fmt: skip
+    hooks.runner = runner
+    summary = runner.run(total_env_steps=48 * 6)
+    assert summary["reason"] == "total_env_steps" and hooks.restarts == [] and summary["sampler_restarts"] == 0
+
+
+def _failing_build() -> ToyEnv:
+    if multiprocessing.parent_process() is not None:  # the sampler process (the parent's probe must succeed)
+        raise RuntimeError("no env here")
+    return toy_env(6)
 
 
 class NoiseRecordingLearner(CheckingLearner):

@@ -373,8 +373,16 @@ def test_second_ctrl_c_exits_130_without_traceback(monkeypatch, capsys):
 
     monkeypatch.setattr(train_mod, "train", interrupted)
     monkeypatch.setattr(sys, "argv", ["sample_fast.train", "env=toy"])
-    with pytest.raises(SystemExit) as exc:
-        train_mod.main()
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {sig: signal.getsignal(sig) for sig in stop_signals}
+    try:
+        with pytest.raises(SystemExit) as exc:
+            train_mod.main()
+        # the entry point leaves the process ignoring late stop signals: its status is decided
+        assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in stop_signals)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     assert exc.value.code == 130
     err = capsys.readouterr().err
     assert "interrupted (second Ctrl-C)" in err and "Traceback" not in err
