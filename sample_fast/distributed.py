@@ -242,6 +242,23 @@ class Sync:
         except RuntimeError as e:
             raise self._fail("the weight broadcast from rank 0", e) from None
 
+    def check_identical(self, module: torch.nn.Module) -> None:
+        """Raise DistributedError unless every rank holds bit-identical parameters and buffers (a float64
+        fingerprint of each tensor, all-gathered: cheap enough for the end of a run)."""
+        tensors = [*module.parameters(), *module.buffers()]
+        mine = torch.stack(
+            [torch.stack([t.detach().double().sum(), (t.detach().double() * 1.000001 ** torch.arange(
+                t.numel(), device=t.device, dtype=torch.float64).view_as(t)).sum()]) for t in tensors]
+        ).reshape(-1)  # fmt: skip
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        try:
+            dist.all_gather(gathered, mine)
+        except RuntimeError as e:
+            raise self._fail("the final weight check", e) from None
+        differ = [r for r, g in enumerate(gathered) if not torch.equal(g, gathered[0])]
+        if differ:
+            raise DistributedError(f"rank(s) {differ} hold weights that differ from rank 0's: the ranks diverged")
+
     def step_exchange(self, stop: bool, fps: float) -> tuple[bool, list[float]]:
         """After each update: [any rank asks to stop, every rank's env steps/s] (one all_reduce on the gloo group)."""
         t = torch.zeros(1 + self.world_size, dtype=torch.float64)
@@ -363,6 +380,8 @@ class DistHooks:
         if reason.startswith("error"):
             self.inner.on_stop_without_save(self.global_steps(env_steps))
             return
+        if self._runner is not None:  # INVARIANT: the ranks end with identical weights (else: an error, no save)
+            self.sync.check_identical(self._runner.policy)
         self.inner.on_stop(self.global_steps(env_steps), "time_limit" if self.time_limit_hit else reason)
 
 
