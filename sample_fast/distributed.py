@@ -9,9 +9,10 @@ the ranks meet only inside the learner and at the end of each update:
 * every update: the batch moments (count, mean, variance) of the observation normaliser and of the reward scaler's
   discounted returns are all-gathered and merged in rank order (Chan et al.), so every rank applies the identical
   merged update (``Sync.moments``); with ``lr_schedule=kl_adaptive`` the update's KL is averaged;
-* at the start of every update a ``monitored_barrier`` on a gloo group, which names a rank that did not arrive
-  within ``distributed.timeout_s``; after it, one ``all_reduce`` of [stop flag, per-rank env steps/s] so that a
-  stop (signal, time limit, a failure on rank 0) is taken by all ranks after the same update (``DistHooks``).
+* at the start and at the end of every update a ``monitored_barrier`` on a gloo group, which names a rank that did
+  not arrive within ``distributed.timeout_s``; after the end one, one ``all_reduce`` of [stop flag, per-rank env
+  steps/s] so that a stop (signal, time limit, a failure on rank 0) is taken by all ranks after the same update
+  (``DistHooks``).
 
 Rank 0 alone touches the run directory (config, meta, logs, TensorBoard, checkpoints); the resume state it loads is
 broadcast to the other ranks, and the initial weights are broadcast from it. See docs/distributed.md.
@@ -133,16 +134,62 @@ class Sync:
         self.ctrl = None  # a gloo group for control traffic (monitored_barrier is gloo-only)
         self.allreduce_s = 0.0  #: seconds spent in the gradient all_reduce (for the benchmark)
         self.allreduce_calls = 0
+        #: the rendezvous key-value store: each rank posts how far it got, so a failed collective names the
+        #: rank that is behind (``behind``); None where torch does not expose it
+        self.store = None
+        self.progress = 0
 
     # -- helpers
+    def _mark(self) -> None:
+        """Post this rank's progress (a counter of the collectives it entered) to the store (~0.1 ms)."""
+        self.progress += 1
+        if self.store is not None:
+            try:
+                self.store.set(self._key("progress", self.rank), str(self.progress))
+            except Exception:  # the store is only for the diagnosis
+                self.store = None
+
+    def _key(self, kind: str, rank: int) -> str:
+        return f"sample_fast/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{kind}/{rank}"
+
+    def _get(self, kind: str, rank: int) -> int | None:
+        key = self._key(kind, rank)
+        return int(self.store.get(key)) if self.store.check([key]) else None
+
+    def _silent(self, rank: int) -> bool:
+        return self._get("failed", rank) is None and (self._get("progress", rank) or 0) <= self.progress
+
+    def behind(self, wait_s: float = 5.0) -> str:
+        """After a failed collective: the ranks that neither got past it nor reported a failure of their own
+        within ``wait_s`` (a live peer blocked in the same collective times out too, and says so): those hung, were
+        stopped or died. '' when unknown (no store) or when every peer answered."""
+        if self.store is None:
+            return ""
+        try:
+            self.store.set(self._key("failed", self.rank), str(self.progress))
+            deadline = time.monotonic() + min(wait_s, self.timeout_s)
+            while True:
+                silent = [r for r in range(self.world_size) if r != self.rank and self._silent(r)]
+                if not silent or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
+        except Exception:
+            return ""
+        if not silent:
+            return ""
+        where = ", ".join(f"rank {r} at collective {self._get('progress', r) or 0}" for r in silent)
+        return f"; {where} (this rank: {self.progress}) neither completed it nor reported a failure: it hung or died"
+
     def _fail(self, what: str, e: BaseException) -> DistributedError:
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        who = self.behind() or "; a peer rank died, hung or was stopped"
         return DistributedError(
             f"rank {self.rank}/{self.world_size}: {what} did not complete (distributed.timeout_s={self.timeout_s:g}): "
-            f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; a peer rank died, hung or "
-            "was stopped. torchrun --max-restarts=R restarts the group from the last checkpoint"
+            f"{cause}{who}. torchrun --max-restarts=R restarts the group from the last checkpoint"
         )
 
     def all_reduce_(self, t: Tensor, what: str, group=None) -> Tensor:
+        self._mark()
         try:
             dist.all_reduce(t, group=group)
         except RuntimeError as e:
@@ -152,6 +199,7 @@ class Sync:
     # -- learner
     def begin_update(self) -> None:
         """Every rank arrives here before an update's first collective: a rank that does not is named."""
+        self._mark()
         try:
             dist.monitored_barrier(group=self.ctrl, timeout=datetime.timedelta(seconds=self.timeout_s),
                                    wait_all_ranks=True)  # fmt: skip
@@ -159,7 +207,7 @@ class Sync:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DistributedError(
                 f"rank {self.rank}/{self.world_size}: the ranks did not all reach the update within "
-                f"distributed.timeout_s={self.timeout_s:g} s ({msg}); that rank hung or died"
+                f"distributed.timeout_s={self.timeout_s:g} s ({msg}){self.behind()}; that rank hung or died"
             ) from None
 
     def grads(self, params: list[Tensor], loss: Tensor) -> Tensor:
@@ -192,6 +240,7 @@ class Sync:
         n_t = torch.full_like(mean_t, float(count))
         mine = torch.stack([n_t, mean_t, var_t])  # [3, D]
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        self._mark()
         try:
             dist.all_gather(gathered, mine)
         except RuntimeError as e:
@@ -260,7 +309,9 @@ class Sync:
             raise DistributedError(f"rank(s) {differ} hold weights that differ from rank 0's: the ranks diverged")
 
     def step_exchange(self, stop: bool, fps: float) -> tuple[bool, list[float]]:
-        """After each update: [any rank asks to stop, every rank's env steps/s] (one all_reduce on the gloo group)."""
+        """After each update: [any rank asks to stop, every rank's env steps/s] (a monitored barrier, then one
+        all_reduce on the gloo group)."""
+        self.begin_update()  # the update's collectives are done: a rank missing here hung in between
         t = torch.zeros(1 + self.world_size, dtype=torch.float64)
         t[0] = 1.0 if stop else 0.0
         t[1 + self.rank] = fps
@@ -275,10 +326,35 @@ class Sync:
                 pass
 
 
+def start_tracker_outside_session() -> None:
+    """Start multiprocessing's resource tracker in a session of its own (before anything registers with it).
+
+    torchrun stops a worker that outlives its SIGTERM by 30 s with ``killpg(SIGKILL)`` of the worker's whole session;
+    a tracker inside it would die too and the worker's named semaphores would stay in /dev/shm. Outside it, the
+    tracker sees its last client gone and unlinks them. (It still starts with the stop signals blocked, as
+    ``procs.start_resource_tracker`` does.)"""
+    import subprocess
+    from multiprocessing import util
+
+    from .procs import start_resource_tracker
+
+    def spawn_own_session(path: str, args: list[str], passfds: Any) -> int:
+        fds = tuple(sorted(map(int, passfds)))
+        return subprocess.Popen(args, executable=path, pass_fds=fds, close_fds=True, start_new_session=True).pid
+
+    original = util.spawnv_passfds
+    util.spawnv_passfds = spawn_own_session
+    try:
+        start_resource_tracker()
+    finally:
+        util.spawnv_passfds = original
+
+
 def setup(cfg: DistributedConfig, device: str) -> Sync:
     """Join torchrun's group (env:// rendezvous), pin this rank's cores, pick its GPU. ``cfg`` is resolved (backend
     set) and ``device`` is this rank's learner device."""
     info = launch_info()
+    start_tracker_outside_session()
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -292,6 +368,10 @@ def setup(cfg: DistributedConfig, device: str) -> Sync:
     dist.init_process_group(**kwargs)
     sync = Sync(info.rank, info.world_size, info.local_rank, info.local_world_size, cfg.backend, cfg.timeout_s, dev)
     sync.ctrl = dist.new_group(backend="gloo", timeout=timeout) if cfg.backend != "gloo" else dist.group.WORLD
+    try:
+        sync.store = dist.distributed_c10d._get_default_store()  # torchrun's rendezvous store (private accessor)
+    except Exception:
+        sync.store = None
     return sync
 
 

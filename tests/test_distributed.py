@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -310,3 +311,41 @@ def test_ddp_without_torchrun_is_a_config_error_saying_how_to_launch(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "torchrun --nproc_per_node" in out.stderr and "distributed=ddp" in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_failed_collective_names_the_rank_that_did_not_answer():
+    """``Sync.behind`` from the store's posts: rank 2 reported its own failure, rank 1 stayed silent."""
+    store = dist.HashStore()
+    sync = Sync(0, 3, 0, 3, "gloo", 60.0, torch.device("cpu"))
+    sync.store = store
+    sync.progress = 7
+    store.set(sync._key("progress", 1), "7")  # entered the same collective, then went quiet
+    store.set(sync._key("progress", 2), "7")
+    store.set(sync._key("failed", 2), "7")  # timed out like rank 0: alive
+    msg = sync.behind(wait_s=0.5)
+    assert "rank 1 at collective 7" in msg and "rank 2" not in msg
+    store.set(sync._key("progress", 1), "8")  # got past it: not the one
+    assert sync.behind(wait_s=0.5) == ""
+
+
+@pytest.mark.slow  # ~40 s: the timeout, then torchrun's 30 s grace before it SIGKILLs the stopped worker
+def test_a_hung_rank_ends_the_run_within_the_timeout_naming_it(tmp_path):
+    from sample_fast.benchmark.measure import descendants
+
+    run_dir = tmp_path / "run"
+    before = shm_entries()
+    proc = torchrun(2, *_train_args(run_dir, 10**7, "distributed=ddp", "distributed.timeout_s=5"))
+    deadline = time.monotonic() + 120
+    while not (run_dir / "progress.csv").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    os.kill(_worker_pids(proc.pid)[1], signal.SIGSTOP)  # hung: alive, holding its sockets, never answering
+    t0 = time.monotonic()
+    out = _finish(proc, timeout=120)
+    assert proc.returncode != 0
+    named = re.search(r"Ranks? 1 failed to pass monitoredBarrier|rank 1 at collective \d+ .* neither completed", out)
+    assert named, out[-4000:]
+    assert "rank 0/2" in out  # rank 0 is the one that reports it
+    assert time.monotonic() - t0 < 60
+    assert descendants(proc.pid) == []
+    assert leaked_shm(before, SHM_PREFIXES, wait_s=3.0) == set()
