@@ -23,31 +23,31 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from sample_fast.envs import make
 
+from sample_fast import wiring
 from sample_fast.benchmark import harness
-from sample_fast.learner import Learner, LearnerConfig
-from sample_fast.policy import ActorCritic, PolicyConfig
+from sample_fast.config import EnvConfig
+from sample_fast.learner import LearnerConfig
+from sample_fast.policy import PolicyConfig
 from sample_fast.procs import CTRL_SAMPLER_STEPS, cpu_seconds, rss_bytes
 from sample_fast.runner import Runner
-from sample_fast.sampler import Sampler, SamplerConfig, build_split_envs
-from sample_fast.trajectory_store import TrajectoryStore
+from sample_fast.sampler import SamplerConfig, build_split_envs
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def make_env(name: str, backend: str, num_envs: int, num_threads: int | None, device: str, seed: int = 0):
-    opts = {"num_threads": num_threads} if backend == "mujoco" and num_threads else {}
-    return make(name, num_envs, backend=backend, device=device, seed=seed, **opts)
+    env_cfg = EnvConfig(name=name, backend=backend, device=device, num_threads=num_threads or 0)
+    return wiring.build_env(env_cfg, num_envs, seed=seed)
 
 
-def make_policy(obs_spec, act_spec) -> ActorCritic:
+def make_policy(obs_spec, act_spec):
     torch.manual_seed(0)
-    return ActorCritic(obs_spec, act_spec, PolicyConfig(hidden_sizes=[256, 256]))
+    return wiring.build_policy(obs_spec, act_spec, PolicyConfig(hidden_sizes=[256, 256]))
 
 
-def make_learner(policy: ActorCritic) -> Learner:
-    return Learner(policy, LearnerConfig(), device="cpu")
+def make_learner(policy):
+    return wiring.build_learner(policy, LearnerConfig(), device="cpu")
 
 
 def bench_env_only(args, seconds: float) -> tuple[float, float]:
@@ -90,12 +90,10 @@ def bench_sampler(args, seconds: float) -> tuple[float, float]:
     per_split = args.num_envs // args.num_splits
     env_fn = functools.partial(make_env, args.env, args.backend, per_split, args.env_threads_per_split, args.device)
     envs = build_split_envs(env_fn, args.num_splits)
-    store = TrajectoryStore(
-        envs[0].observation_spec, envs[0].action_spec, cfg.rollout_len, per_split, cfg.num_slots,
-        max_episode_steps=envs[0].truncation_limit, device=envs[0].device,
-    )  # fmt: skip
     policy = make_policy(envs[0].observation_spec, envs[0].action_spec).to(envs[0].device)
-    sampler = Sampler(envs, policy, store, cfg, version_fn=lambda: 0, split_seeds=list(range(args.num_splits)))
+    store, sampler = wiring.build_sampler(
+        envs, policy, cfg, version_fn=lambda: 0, split_seeds=list(range(args.num_splits))
+    )
     prev = torch.get_num_threads()
     torch.set_num_threads(args.inference_threads)
     try:

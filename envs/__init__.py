@@ -30,6 +30,7 @@ from .tasks import TASKS
 __all__ = [
     "make",
     "check_options",
+    "backend_options",
     "BatchedEnv",
     "EnvError",
     "OptionError",
@@ -177,6 +178,16 @@ def check_options(name: str, backend: str, options: dict[str, Any]) -> dict[str,
     except UnknownOptionError as e:
         raise _with_owners(e, backend) from None
     return out[0] if isinstance(out, tuple) else out  # envpool also returns its envpool.make kwargs
+
+
+def backend_options(name: str, backend: str) -> frozenset[str]:
+    """The option names ``backend`` takes for the MuJoCo task ``name``: the options every task takes, the task's
+    own, and the backend's (imports the backend's module). Used to carry a config from one backend to another
+    (``sample_fast.wiring.on_cpu_simulator``: an mjx config on the mujoco backend)."""
+    from .tasks import COMMON_OPTIONS
+
+    own = getattr(_backend_module(backend, name), _OWN_OPTIONS[backend]) if backend in _OWN_OPTIONS else ()
+    return frozenset({*COMMON_OPTIONS, *TASKS[name].options, *own})
 
 
 #: backend -> the attribute of its module holding its own options (besides the task options)

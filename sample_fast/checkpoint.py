@@ -14,6 +14,7 @@ import hashlib
 import io
 import logging
 import os
+import random
 import re
 import shutil
 import struct
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
@@ -287,3 +289,16 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# ----- RNG --------------------------------------------------------------------------------------------------------
+def rng_state() -> dict:
+    """The main process's torch, numpy and Python RNG states, as a checkpoint stores them."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what ``rng_state`` returned."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])

@@ -36,7 +36,7 @@ ATARI_VIDEO_SCALE = 2
 def load_run(run_dir: str, which: str = "best") -> tuple[TrainConfig, Any, dict, str]:
     """The run's config, a policy with the checkpoint's weights (eval mode, CPU), its state and checkpoint path."""
     from .checkpoint import CheckpointManager
-    from .train import build_policy, on_cpu_simulator, probe_specs
+    from .wiring import build_policy, on_cpu_simulator, probe_specs
 
     cfg_path = os.path.join(run_dir, "config.yaml")
     if not os.path.exists(cfg_path):
@@ -61,7 +61,7 @@ def load_run(run_dir: str, which: str = "best") -> tuple[TrainConfig, Any, dict,
 @torch.no_grad()
 def evaluate(cfg: TrainConfig, policy, num_episodes: int, seed: int = 12345) -> list[float]:
     """Returns of ``num_episodes`` deterministic episodes, one per env (each env's first episode)."""
-    from .train import build_env
+    from .wiring import build_env
 
     env = build_env(dataclasses.replace(cfg.env, num_threads=1), num_envs=num_episodes, seed=seed)
     try:
@@ -99,7 +99,7 @@ def record_video(
         return record_atari_video(cfg, policy, path, max_steps=max_steps, seed=seed)
     import mujoco
 
-    from .train import build_env
+    from .wiring import build_env
 
     env = build_env(dataclasses.replace(cfg.env, num_threads=1), num_envs=1, seed=seed)
     if not hasattr(env, "model") or not hasattr(env, "datas"):

@@ -41,6 +41,7 @@ from sample_fast.procs import (
 )
 from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, build_split_envs
 from sample_fast.trajectory_store import TrajectoryStore
+from sample_fast.wiring import build_sampler, build_store
 
 MODES = ("serial", "async")
 
@@ -242,43 +243,22 @@ class Runner:
             if self._initial_sampler_rng is not None:
                 torch.set_rng_state(self._initial_sampler_rng)  # the sampler draws its action noise from our RNG
             envs = build_split_envs(self.env_fn, cfg.num_splits, first=first)
-            self.store = TrajectoryStore(
-                first.observation_spec,
-                first.action_spec,
-                cfg.rollout_len,
-                first.num_envs,
-                cfg.num_slots,
-                max_episode_steps=first.truncation_limit,
-                store_values=cfg.store_values,
-                device=first.device,
-            )
             self.episodes = EpisodeRing(cfg.episode_capacity, shared=False)
-            try:
-                self.sampler = Sampler(
-                    envs,
-                    self.policy,
-                    self.store,
-                    cfg,
-                    version_fn=self._learner_version,
-                    episodes=self.episodes,
-                    split_seeds=_split_seeds(cfg),
-                )
-            except BaseException:
-                for env in envs:
-                    env.close()
-                raise
+            self.store, self.sampler = build_sampler(
+                envs,
+                self.policy,
+                cfg,
+                version_fn=self._learner_version,
+                episodes=self.episodes,
+                split_seeds=_split_seeds(cfg),
+            )
             return
-        try:
-            obs_spec, act_spec, num_envs = first.observation_spec, first.action_spec, first.num_envs
-            max_episode_steps = first.max_episode_steps  # sizes the slots' truncation side table
-        finally:
-            first.close()
         ctx = mp.get_context(cfg.mp_start_method)
         start_resource_tracker()  # before the store's semaphores register with it: it must survive a group SIGHUP
-        self.store = TrajectoryStore(
-            obs_spec, act_spec, cfg.rollout_len, num_envs, cfg.num_slots, max_episode_steps=max_episode_steps,
-            store_values=cfg.store_values, shared=True, ctx=ctx,
-        )  # fmt: skip
+        try:  # the probe env's specs, per-split count and truncation_limit size the slots (wiring.build_store)
+            self.store = build_store(first, cfg, shared=True, ctx=ctx)
+        finally:
+            first.close()
         self.param_store = ParamStore(self.policy)
         self._publish()
         self.episodes = EpisodeRing(cfg.episode_capacity, shared=True)

@@ -3,8 +3,8 @@
 Owns the run directory (config, version, checkpoints, logs), resume/restart, signal handling and the hooks that
 connect the ``Runner`` to checkpoints and logs. The order is strict: compose and ``resolve()`` the config first (an
 invalid config exits with status 2 and a message before anything is written or started), then prepare the run
-directory, then build the components through the ``Runner``. Components are built only in ``build_*`` functions
-below (module level, so ``functools.partial`` of them pickles into the sampler process).
+directory, then build the components through the ``Runner``. Components are built only by ``sample_fast.wiring``
+(module-level builders, so ``functools.partial`` of them pickles into the sampler process).
 """
 
 # ruff: noqa: E402 -- the signal default below must precede the slow imports
@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -42,80 +41,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
-from .config import ConfigError, EnvConfig, TrainConfig, resolve, run_dir
+from .checkpoint import rng_state
+from .config import ConfigError, TrainConfig, resolve, run_dir
+from .wiring import build_env, build_learner, build_policy, probe_specs
 
 log = logging.getLogger("sample_fast.train")
 
 CONFIG_PATH = "pkg://sample_fast.configs"
 CONFIG_NAME = "train"
 CHECKPOINT_DIR = "checkpoints"
-
-
-# ----- component builders (picklable through functools.partial) -------------------------------------------------
-def build_env(env_cfg: EnvConfig, num_envs: int, seed: int = 0):
-    """``num_envs`` copies of the configured env (the runner calls it once per split, with num_envs / num_splits;
-    each split is then reset with its own seed)."""
-    from .envs import make
-
-    options = dict(env_cfg.options)
-    if env_cfg.backend == "mujoco" and env_cfg.num_threads:
-        options.setdefault("num_threads", env_cfg.num_threads)
-    return make(
-        env_cfg.name,
-        num_envs,
-        backend=env_cfg.backend,
-        device=env_cfg.device,
-        seed=seed,
-        **options,
-    )
-
-
-def on_cpu_simulator(env_cfg: EnvConfig) -> EnvConfig:
-    """The same env on the CPU: an mjx config becomes the MuJoCo C one (same task definition, model options and
-    specs), without its MJX-only options (precision, solver, xla_opt_level, ...), which the mujoco backend rejects."""
-    cfg = EnvConfig(**{**asdict(env_cfg), "device": "cpu"})
-    if env_cfg.backend == "mjx":
-        from .envs.mujoco_env import BACKEND_OPTIONS
-        from .envs.tasks import COMMON_OPTIONS, TASKS
-
-        takes = {*COMMON_OPTIONS, *TASKS[env_cfg.name].options, *BACKEND_OPTIONS}
-        cfg.backend = "mujoco"
-        cfg.options = {k: v for k, v in env_cfg.options.items() if k in takes}
-    return cfg
-
-
-def probe_specs(env_cfg: EnvConfig) -> tuple[Any, Any]:
-    """Observation and action specs, from a 1-env copy on the CPU simulator (``on_cpu_simulator``: MJX shares the
-    task definition, so its specs are the same without paying for a JAX compile here)."""
-    probe_cfg = on_cpu_simulator(env_cfg)
-    probe_cfg.num_threads = 1
-    env = build_env(probe_cfg, num_envs=1)
-    try:
-        return env.observation_spec, env.action_spec
-    finally:
-        env.close()
-
-
-def build_policy(observation_spec, action_spec, policy_cfg):
-    from .policy import ActorCritic
-
-    # The initial weights come from the main process's RNG (seeded with run.seed); the sampler's copy is
-    # overwritten from the ParamStore before it acts.
-    return ActorCritic(observation_spec, action_spec, policy_cfg)
-
-
-def build_learner(policy, learner_cfg, device: str, total_env_steps: int, resume_state: dict | None = None):
-    """The learner, with policy weights, normaliser, optimizer, counters and RNG restored from ``resume_state``."""
-    from .learner import Learner
-
-    policy = policy.to(device)
-    if resume_state is not None:
-        policy.load_state_dict(resume_state["policy"])
-    learner = Learner(policy, learner_cfg, torch.device(device), total_env_steps=total_env_steps)
-    if resume_state is not None:
-        learner.load_state_dict(resume_state["learner"])
-        set_rng_state(resume_state["rng"])  # continue the random streams where the checkpoint left them
-    return learner
 
 
 # ----- run directory ----------------------------------------------------------------------------------------------
@@ -194,17 +128,6 @@ def write_run_files(cfg: TrainConfig, rdir: str, resumed_from: int, extra: dict 
     )
     with open(meta_path, "w") as f:
         json.dump(meta, f, indent=2)
-
-
-# ----- RNG --------------------------------------------------------------------------------------------------------
-def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
 
 
 # ----- hooks ------------------------------------------------------------------------------------------------------

@@ -199,8 +199,9 @@ def test_plan_enumerates_cases_and_skips_incompatible():
 @pytest.mark.parametrize(
     "field, value, listed",
     [
-        ("backends", ["mujoco", "nope"], "mujoco, envpool, mjx, gymnasium, toy"),
+        ("backends", ["mujoco", "nope"], "mujoco, envpool, mjx, gymnasium, ale, toy"),
         ("envs", ["antt"], "ant"),
+        ("envs", ["Pong"], "<Game>-v5"),
         ("stages", ["envs"], "env, inference, train"),
         ("peers", ["sf"], "sample_factory"),
     ],
@@ -221,7 +222,7 @@ def test_cli_unknown_backend_exits_2_with_list():
         cwd=ROOT,
     )
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "unknown backend(s) ['nope']; choose from: mujoco, envpool, mjx, gymnasium, toy" in out.stderr
+    assert "unknown backend(s) ['nope']; choose from: mujoco, envpool, mjx, gymnasium, ale, toy" in out.stderr
 
 
 def test_presets_compose():
@@ -229,7 +230,12 @@ def test_presets_compose():
     assert (gpu.backends, gpu.device, gpu.num_envs) == (["mjx"], "cuda", [1024, 4096, 16384, 65536])
     assert gpu.stages == ["env", "inference", "train"]
     cpu = compose_cfg("preset=cpu")
-    assert (cpu.num_envs, cpu.sample_factory.env_steps, cpu.peers) == ([64, 256], 200000, BenchmarkConfig().peers)
+    mujoco_peers = ["mujoco_rollout", "envpool_raw", "gymnasium_sync", "gymnasium_async", "torchrl_collector"]
+    assert (cpu.num_envs, cpu.sample_factory.env_steps) == ([64, 256], 200000)
+    assert cpu.peers == [*mujoco_peers, "sample_factory"]
+    atari = compose_cfg("preset=atari")
+    assert (atari.envs, atari.backends, atari.train.rollout_len) == (["Pong-v5"], ["envpool", "ale"], 128)
+    assert "cleanrl_ppo" in atari.peers and atari.train.learner["raw_reward_clip"] == 1.0
     ci = compose_cfg("preset=ci", "num_envs=[2,3]")
     assert (ci.envs, ci.num_envs, ci.repeats) == (["toy"], [2, 3], 1)  # command line beats preset
 

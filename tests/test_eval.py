@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_module
 from sample_fast import eval as eval_mod
 from sample_fast.checkpoint import CheckpointManager
 from sample_fast.config import resolve
-from sample_fast.train import build_policy, probe_specs, write_run_files
+from sample_fast.train import write_run_files
+from sample_fast.wiring import build_policy, probe_specs
 
 
 def _fresh_run(rdir: Path, *overrides: str) -> None:

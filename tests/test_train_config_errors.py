@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from sample_fast.config import resolve
-from sample_fast.train import probe_specs
+from sample_fast.wiring import probe_specs
 
 PYTHON = sys.executable
 
@@ -54,7 +54,8 @@ def test_eval_of_an_mjx_run_with_mjx_options(tmp_path, capsys):
     """``sample_fast.eval`` runs an mjx run's policy on MuJoCo C: the MJX-only options must be left out there too."""
     from sample_fast import eval as eval_mod
     from sample_fast.checkpoint import CheckpointManager
-    from sample_fast.train import build_policy, write_run_files
+    from sample_fast.train import write_run_files
+    from sample_fast.wiring import build_policy
 
     rdir = tmp_path / "run"
     with initialize_config_module("sample_fast.configs", version_base="1.3"):

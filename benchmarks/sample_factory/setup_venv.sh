@@ -6,7 +6,9 @@
 #   TORCH_SPEC="torch==2.13.0" PYTHON=python3.11 bash benchmarks/sample_factory/setup_venv.sh
 # Order matters (see docs/benchmark.md): torch first and pinned (the CPU wheel where there is no GPU; an unpinned
 # torch would pull a multi-GB CUDA build), then sample-factory (it brings gymnasium 0.29 and numpy 1.26), then
-# mujoco and imageio (gymnasium 0.29's Ant-v4 needs imageio at import).
+# mujoco and imageio (gymnasium 0.29's Ant-v4 needs imageio at import), then ale-py 0.9.1 for its Atari example (the
+# newest ale-py for gymnasium 0.29; it ships the ROMs, so nothing is downloaded) with a .pth that imports it in every
+# process of the venv: gymnasium 0.29 does not load ale-py's envs by itself, and SF's spawned workers call gym.make.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -14,7 +16,8 @@ VENV=${SF_VENV:-.venv-sf}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 SF_SPEC=${SF_SPEC:-sample-factory==2.1.1}
 MUJOCO_SPEC=${MUJOCO_SPEC:-mujoco==4.0.0}
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sample_factory, sf_examples.mujoco, mujoco, torch' 2>/dev/null; then
+ALE_SPEC=${ALE_SPEC:-ale-py==0.9.1}
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sample_factory, sf_examples.mujoco, mujoco, torch, gymnasium; gymnasium.make("PongNoFrameskip-v4")' >/dev/null 2>&1; then
   echo "setup_venv: $VENV already has Sample Factory $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sample-factory"))')"
   exit 0
 fi
@@ -31,6 +34,12 @@ echo "setup_venv: installing $SF_SPEC"
 "$VPY" -m pip install -q "$SF_SPEC"
 echo "setup_venv: installing $MUJOCO_SPEC imageio"
 "$VPY" -m pip install -q "$MUJOCO_SPEC" imageio
+echo "setup_venv: installing $ALE_SPEC"
+"$VPY" -m pip install -q "$ALE_SPEC"
+SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+printf 'import ale_py\n' > "$SITE/sample_fast_register_ale.pth"
 "$VPY" -c 'import importlib.metadata as m, sample_factory, sf_examples.mujoco.train_mujoco, mujoco, gymnasium, torch, numpy
+gymnasium.make("PongNoFrameskip-v4").close()
 print("setup_venv: ok: sample-factory", m.version("sample-factory"), "torch", torch.__version__,
-      "gymnasium", gymnasium.__version__, "numpy", numpy.__version__, "mujoco", mujoco.__version__)'
+      "gymnasium", gymnasium.__version__, "numpy", numpy.__version__, "mujoco", mujoco.__version__,
+      "ale-py", m.version("ale-py"))'

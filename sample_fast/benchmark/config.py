@@ -14,14 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STAGES = ("env", "inference", "train")
-SUITE_BACKENDS = ("mujoco", "envpool", "mjx", "gymnasium", "toy")
+SUITE_BACKENDS = ("mujoco", "envpool", "mjx", "gymnasium", "ale", "toy")
 #: Peers measured in the same run, in report order. ``mujoco_rollout`` is the physical limit.
+#: Atari games (``<Game>-v5``) are measured by the Atari peers (envpool_raw, envpool_raw_async, ale_vector_raw,
+#: gymnasium_sync, cleanrl_ppo, sample_factory); the MuJoCo-only ones are skipped with a line.
 PEER_NAMES = (
     "mujoco_rollout",
     "envpool_raw",
+    "envpool_raw_async",
+    "ale_vector_raw",
     "gymnasium_sync",
     "gymnasium_async",
     "torchrl_collector",
+    "cleanrl_ppo",
     "sample_factory",
 )
 ISOLATE_CHOICES = ("none", "mjx", "all")
@@ -51,7 +56,20 @@ class SampleFactoryConfig:
     venv: str = ".venv-sf"  #: built by benchmarks/sample_factory/setup_venv.sh (relative to the repository root)
     num_workers: int = 0  #: rollout workers; 0 = all cores
     num_envs_per_worker: int = 8
+    #: Atari: envs over all workers (SF's Atari example: 8 workers x 1 env); per worker atari_num_envs / workers, so
+    #: one rollout of all envs (x 128 steps) divides its 4 x 256 training samples, as SF requires
+    atari_num_envs: int = 8
     env_steps: int = 300_000  #: --train_for_env_steps (SF 2.1.1 ignores --train_for_seconds)
+    timeout_s: float = 300.0  #: the run is killed (with its children) after this
+
+
+@dataclass
+class CleanRLConfig:
+    """The CleanRL-style PPO peer (benchmarks/cleanrl_ppo_atari.py): its defaults, a bounded number of steps."""
+
+    num_envs: int = 8  #: CleanRL's Atari default
+    num_steps: int = 128  #: rollout length per update (one update = num_envs * num_steps env steps)
+    env_steps: int = 20_480  #: --total-timesteps of the bounded run (20 updates at the defaults)
     timeout_s: float = 300.0  #: the run is killed (with its children) after this
 
 
@@ -94,6 +112,7 @@ class BenchmarkConfig:
     gymnasium_async_max_envs: int = 16
     train: TrainStageConfig = field(default_factory=TrainStageConfig)
     sample_factory: SampleFactoryConfig = field(default_factory=SampleFactoryConfig)
+    cleanrl: CleanRLConfig = field(default_factory=CleanRLConfig)
     seed: int = 0
     #: Output folder; empty: benchmarks/results/<date>-<host>/. Gets results.json, results.md, results.png.
     out_dir: str = ""
@@ -118,7 +137,13 @@ def _check_choices(what: str, values: list[Any], choices: tuple[str, ...] | list
 def known_envs() -> list[str]:
     from sample_fast.envs import TASKS
 
-    return [*sorted(TASKS), "toy"]
+    return [*sorted(TASKS), "toy", "<Game>-v5 (an Atari game, e.g. Pong-v5)"]
+
+
+def is_atari(env: str) -> bool:
+    from sample_fast.envs.atari import is_atari_name
+
+    return is_atari_name(env)
 
 
 def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
@@ -129,7 +154,7 @@ def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
             setattr(cfg, name, [value])
     _check_choices("stage(s)", cfg.stages, STAGES)
     _check_choices("backend(s)", cfg.backends, SUITE_BACKENDS)
-    _check_choices("env(s)", cfg.envs, known_envs())
+    _check_choices("env(s)", [e for e in cfg.envs if not is_atari(e)], known_envs())
     _check_choices("peer(s)", cfg.peers, PEER_NAMES, "Use peers=[] to measure none.")
     if cfg.isolate not in ISOLATE_CHOICES:
         raise BenchmarkConfigError(f"isolate={cfg.isolate!r}; choose from: {', '.join(ISOLATE_CHOICES)}")

@@ -2,10 +2,17 @@
 
 * ``mujoco_rollout``: raw ``mujoco.rollout.Rollout(nthread=cores)``, one call of ``frame_skip`` physics steps per
   env step, no observation or reward: the physical limit of the CPU for this model.
-* ``envpool_raw``: EnvPool's own sync API with numpy actions.
-* ``gymnasium_sync`` / ``gymnasium_async``: ``gymnasium.make_vec`` with Sync/AsyncVectorEnv.
+* ``envpool_raw``: EnvPool's own sync API with numpy actions (MuJoCo, and Atari with our preprocessing).
+* ``envpool_raw_async``: EnvPool's async API, ``batch_size = num_envs / 2`` (``recv`` the first half ready, ``send``
+  it back): the overlap EnvPool's async mode is known for.
+* ``ale_vector_raw``: ale-py's own ``AtariVectorEnv`` (C++ threads) stepped with numpy actions (Atari).
+* ``gymnasium_sync`` / ``gymnasium_async``: ``gymnasium.make_vec`` with Sync/AsyncVectorEnv (Atari: ale-py's
+  ``ALE/<Game>-v5`` with gymnasium's ``AtariPreprocessing`` and ``FrameStackObservation``, the pure-Python baseline).
 * ``torchrl_collector``: torchrl's ``Collector`` over ``GymEnv`` with a 2x256 actor and critic (inference stage).
-* ``sample_factory``: Sample Factory's APPO in its own virtualenv (train stage), see ``sample_factory_peer``.
+* ``cleanrl_ppo``: a CleanRL-style PPO on EnvPool Atari (``benchmarks/cleanrl_ppo_atari.py``), a bounded run in a
+  subprocess; its per-update SPS are the windows (train stage, Atari).
+* ``sample_factory``: Sample Factory's APPO in its own virtualenv (train stage, MuJoCo and Atari), see
+  ``sample_factory_peer``.
 
 Owns the peers' set-up and stepping loops only. A peer whose package is missing raises ``Skip`` with the command
 that installs it; the suite turns that into one line of the report.
@@ -22,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from sample_fast.envs import TASKS
+from sample_fast.envs.atari import ATARI_OPTIONS, FRAME_SHAPE, STACK_NUM, game_name, is_atari_name, rom_id
 
 from .config import BenchmarkConfig, num_threads
 from .measure import CaseResult, Skip, Timing, timed_windows
@@ -59,6 +67,22 @@ PEERS: dict[str, PeerInfo] = {
             "EnvPool sync API, numpy actions",
         ),
         PeerInfo(
+            "envpool_raw_async",
+            "env",
+            True,
+            ("envpool",),
+            "pip install envpool  (Linux x86_64 wheels only)",
+            "EnvPool async API, batch_size = num_envs / 2",
+        ),
+        PeerInfo(
+            "ale_vector_raw",
+            "env",
+            True,
+            ("ale_py",),
+            "pip install ale-py",
+            "ale-py AtariVectorEnv (C++ threads), numpy actions",
+        ),
+        PeerInfo(
             "gymnasium_sync",
             "env",
             True,
@@ -83,12 +107,20 @@ PEERS: dict[str, PeerInfo] = {
             "torchrl Collector over GymEnv, 2x256 actor + critic, 1 env",
         ),
         PeerInfo(
+            "cleanrl_ppo",
+            "train",
+            False,
+            ("envpool",),
+            "pip install envpool  (Linux x86_64 wheels only)",
+            "CleanRL-style PPO on EnvPool Atari (benchmarks/cleanrl_ppo_atari.py), 8 envs",
+        ),
+        PeerInfo(
             "sample_factory",
             "train",
             False,
             (),
             "bash benchmarks/sample_factory/setup_venv.sh  (builds .venv-sf)",
-            "Sample Factory 2.x APPO on its mujoco env, own virtualenv",
+            "Sample Factory 2.x APPO on its mujoco / atari env, own virtualenv",
         ),
     )
 }
@@ -111,8 +143,19 @@ def _timing(cfg: BenchmarkConfig) -> Timing:
 
 def _task(env: str) -> Any:
     if env not in TASKS:
-        raise Skip(f"peers run the MuJoCo tasks only ({', '.join(sorted(TASKS))}), not {env!r}")
+        raise Skip(f"this peer runs the MuJoCo tasks only ({', '.join(sorted(TASKS))}), not {env!r}")
     return TASKS[env]
+
+
+def _atari(env: str) -> str:
+    """The ale-py ROM id of the Atari game ``env`` (``Pong-v5`` -> ``pong``), or Skip for another env."""
+    if not is_atari_name(env):
+        raise Skip(f"this peer runs Atari games (<Game>-v5) only, not {env!r}")
+    return rom_id(env)
+
+
+#: The Atari preprocessing every Atari peer gets, with sample_fast's defaults (envs.atari.ATARI_OPTIONS).
+_ATARI = dict(ATARI_OPTIONS)
 
 
 def _action_bank(low: np.ndarray, high: np.ndarray, num_envs: int, seed: int, k: int = 8) -> list[np.ndarray]:
@@ -162,18 +205,47 @@ def measure_mujoco_rollout(env: str, num_envs: int, cfg: BenchmarkConfig) -> Cas
     return CaseResult(rates, frame_skip, "cpu", extra={"nthread": nthread})
 
 
-# ----- envpool_raw ------------------------------------------------------------------------------------------------
-def measure_envpool_raw(env: str, num_envs: int, cfg: BenchmarkConfig) -> CaseResult:
-    t0 = time.perf_counter()
+# ----- envpool_raw / envpool_raw_async --------------------------------------------------------------------------
+def _envpool_pool(env: str, num_envs: int, cfg: BenchmarkConfig, batch_size: int) -> tuple[Any, int]:
+    """EnvPool's own pool for ``env`` (a MuJoCo task, or an Atari game with sample_fast's preprocessing: 84x84 gray,
+    4 stacked frames, frame skip 4 with max-pooling, 30 no-ops, sticky actions 0.25), and its frame skip."""
     import envpool
 
-    task = _task(env)
     nthread = min(num_threads(cfg), num_envs)
-    pool = envpool.make(task.envpool_id, env_type="gymnasium", num_envs=num_envs, num_threads=nthread, seed=cfg.seed)
+    common = dict(env_type="gymnasium", num_envs=num_envs, batch_size=batch_size, num_threads=nthread, seed=cfg.seed)
+    if is_atari_name(env):
+        _atari(env)
+        pool = envpool.make(
+            game_name(rom_id(env)),
+            **common,
+            frame_skip=_ATARI["frame_skip"],
+            noop_max=_ATARI["noop_max"],
+            repeat_action_probability=_ATARI["repeat_action_probability"],
+            reward_clip=False,
+            episodic_life=False,
+            stack_num=STACK_NUM,
+            img_height=FRAME_SHAPE[0],
+            img_width=FRAME_SHAPE[1],
+            gray_scale=True,
+        )
+        return pool, _ATARI["frame_skip"]
+    task = _task(env)
+    return envpool.make(task.envpool_id, **common), task.frame_skip
+
+
+def _numpy_action_bank(space: Any, num_envs: int, seed: int, k: int = 8) -> list[np.ndarray]:
+    if hasattr(space, "n"):  # Discrete
+        rng = np.random.default_rng(seed)
+        return [rng.integers(0, space.n, size=num_envs, dtype=np.int32) for _ in range(k)]
+    return _action_bank(space.low, space.high, num_envs, seed, k)
+
+
+def measure_envpool_raw(env: str, num_envs: int, cfg: BenchmarkConfig) -> CaseResult:
+    t0 = time.perf_counter()
+    pool, frame_skip = _envpool_pool(env, num_envs, cfg, batch_size=num_envs)
     try:
         pool.reset()
-        space = pool.action_space
-        bank = _action_bank(space.low, space.high, num_envs, cfg.seed)
+        bank = _numpy_action_bank(pool.action_space, num_envs, cfg.seed)
         counter = {"i": 0}
 
         def step() -> int:
@@ -184,25 +256,61 @@ def measure_envpool_raw(env: str, num_envs: int, cfg: BenchmarkConfig) -> CaseRe
         rates = timed_windows(step, lambda: None, _timing(cfg), started_s=t0)
     finally:
         pool.close()
-    return CaseResult(rates, task.frame_skip, "cpu", extra={"num_threads": nthread})
+    return CaseResult(rates, frame_skip, "cpu", extra={"num_threads": min(num_threads(cfg), num_envs)})
 
 
-# ----- gymnasium vector envs --------------------------------------------------------------------------------------
-def _measure_gymnasium(env: str, num_envs: int, cfg: BenchmarkConfig, mode: str) -> CaseResult:
+def measure_envpool_raw_async(env: str, num_envs: int, cfg: BenchmarkConfig) -> CaseResult:
+    """EnvPool's async loop: ``recv`` whichever ``num_envs / 2`` envs finished first, ``send`` them new actions, so
+    half the pool simulates while the caller works on the other half. Each call counts ``batch_size`` env steps."""
+    if num_envs < 2 or num_envs % 2:
+        raise Skip(f"the async pool takes half of num_envs per batch; {num_envs} is not even")
     t0 = time.perf_counter()
-    import gymnasium
+    batch = num_envs // 2
+    pool, frame_skip = _envpool_pool(env, num_envs, cfg, batch_size=batch)
+    try:
+        pool.async_reset()
+        bank = _numpy_action_bank(pool.action_space, batch, cfg.seed)
+        counter = {"i": 0}
 
-    task = _task(env)
-    if mode == "async" and num_envs > cfg.gymnasium_async_max_envs:
-        raise Skip(
-            f"AsyncVectorEnv starts one process per env; num_envs {num_envs} > gymnasium_async_max_envs "
-            f"{cfg.gymnasium_async_max_envs}"
-        )
-    vec = gymnasium.make_vec(task.gymnasium_id, num_envs=num_envs, vectorization_mode=mode)
+        def step() -> int:
+            info = pool.recv()[-1]
+            pool.send(bank[counter["i"] % len(bank)], info["env_id"])
+            counter["i"] += 1
+            return batch
+
+        rates = timed_windows(step, lambda: None, _timing(cfg), started_s=t0)
+    finally:
+        pool.close()
+    return CaseResult(
+        rates, frame_skip, "cpu", extra={"batch_size": batch, "num_threads": min(num_threads(cfg), num_envs)}
+    )
+
+
+# ----- ale_vector_raw ---------------------------------------------------------------------------------------------
+def measure_ale_vector_raw(env: str, num_envs: int, cfg: BenchmarkConfig) -> CaseResult:
+    """ale-py's ``AtariVectorEnv`` with the same preprocessing as our ``ale`` backend, stepped with numpy actions."""
+    t0 = time.perf_counter()
+    rom = _atari(env)
+    from ale_py.vector_env import AtariVectorEnv
+
+    nthread = min(num_threads(cfg), num_envs)
+    vec = AtariVectorEnv(
+        game=rom,
+        num_envs=num_envs,
+        num_threads=nthread,
+        frameskip=_ATARI["frame_skip"],
+        noop_max=_ATARI["noop_max"],
+        repeat_action_probability=_ATARI["repeat_action_probability"],
+        img_height=FRAME_SHAPE[0],
+        img_width=FRAME_SHAPE[1],
+        grayscale=True,
+        stack_num=STACK_NUM,
+        maxpool=True,
+        reward_clipping=False,
+    )
     try:
         vec.reset(seed=cfg.seed)
-        space = vec.single_action_space
-        bank = _action_bank(space.low, space.high, num_envs, cfg.seed)
+        bank = _numpy_action_bank(vec.single_action_space, num_envs, cfg.seed)
         counter = {"i": 0}
 
         def step() -> int:
@@ -213,7 +321,65 @@ def _measure_gymnasium(env: str, num_envs: int, cfg: BenchmarkConfig, mode: str)
         rates = timed_windows(step, lambda: None, _timing(cfg), started_s=t0)
     finally:
         vec.close()
-    return CaseResult(rates, task.frame_skip, "cpu")
+    return CaseResult(rates, _ATARI["frame_skip"], "cpu", extra={"num_threads": nthread})
+
+
+# ----- gymnasium vector envs --------------------------------------------------------------------------------------
+def _measure_gymnasium(env: str, num_envs: int, cfg: BenchmarkConfig, mode: str) -> CaseResult:
+    t0 = time.perf_counter()
+    import gymnasium
+
+    if mode == "async" and num_envs > cfg.gymnasium_async_max_envs:
+        raise Skip(
+            f"AsyncVectorEnv starts one process per env; num_envs {num_envs} > gymnasium_async_max_envs "
+            f"{cfg.gymnasium_async_max_envs}"
+        )
+    if is_atari_name(env):
+        vec, frame_skip = _gymnasium_atari(env, num_envs, mode), _ATARI["frame_skip"]
+    else:
+        task = _task(env)
+        vec, frame_skip = (
+            gymnasium.make_vec(task.gymnasium_id, num_envs=num_envs, vectorization_mode=mode),
+            task.frame_skip,
+        )
+    try:
+        vec.reset(seed=cfg.seed)
+        bank = _numpy_action_bank(vec.single_action_space, num_envs, cfg.seed)
+        counter = {"i": 0}
+
+        def step() -> int:
+            vec.step(bank[counter["i"] % len(bank)])
+            counter["i"] += 1
+            return num_envs
+
+        rates = timed_windows(step, lambda: None, _timing(cfg), started_s=t0)
+    finally:
+        vec.close()
+    return CaseResult(rates, frame_skip, "cpu")
+
+
+def _gymnasium_atari(env: str, num_envs: int, mode: str) -> Any:
+    """ale-py's ``ALE/<Game>-v5`` unskipped (frameskip=1), then gymnasium's own ``AtariPreprocessing`` (frame skip 4
+    with max-pooling, 30 no-ops, 84x84 gray) and ``FrameStackObservation(4)``: the pure-Python Atari pipeline."""
+    import ale_py
+    import gymnasium
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    gymnasium.register_envs(ale_py)
+    game = game_name(rom_id(env)).removesuffix("-v5")
+
+    def wrap(e: Any) -> Any:
+        e = AtariPreprocessing(e, noop_max=_ATARI["noop_max"], frame_skip=_ATARI["frame_skip"], screen_size=84)
+        return FrameStackObservation(e, STACK_NUM)
+
+    return gymnasium.make_vec(
+        f"ALE/{game}-v5",
+        num_envs=num_envs,
+        vectorization_mode=mode,
+        wrappers=[wrap],
+        frameskip=1,
+        repeat_action_probability=_ATARI["repeat_action_probability"],
+    )
 
 
 def measure_gymnasium_sync(env: str, num_envs: int, cfg: BenchmarkConfig) -> CaseResult:
@@ -290,19 +456,33 @@ def measure_sample_factory(env: str, num_envs: int, cfg: BenchmarkConfig) -> Cas
     return run_sample_factory(env, cfg)
 
 
+def measure_cleanrl_ppo(env: str, num_envs: int, cfg: BenchmarkConfig) -> CaseResult:
+    from .cleanrl_peer import run_cleanrl
+
+    _atari(env)
+    return run_cleanrl(env, cfg)
+
+
 MEASURE: dict[str, Callable[[str, int, BenchmarkConfig], CaseResult]] = {
     "mujoco_rollout": measure_mujoco_rollout,
     "envpool_raw": measure_envpool_raw,
+    "envpool_raw_async": measure_envpool_raw_async,
+    "ale_vector_raw": measure_ale_vector_raw,
     "gymnasium_sync": measure_gymnasium_sync,
     "gymnasium_async": measure_gymnasium_async,
     "torchrl_collector": measure_torchrl_collector,
+    "cleanrl_ppo": measure_cleanrl_ppo,
     "sample_factory": measure_sample_factory,
 }
 
 
-def fixed_num_envs(name: str, cfg: BenchmarkConfig) -> int:
+def fixed_num_envs(name: str, cfg: BenchmarkConfig, env: str | None = None) -> int:
     """The size a non-sweeping peer runs at."""
     if name == "sample_factory":
         workers = cfg.sample_factory.num_workers or num_threads(cfg)
+        if env is not None and is_atari_name(env):
+            return workers * max(1, cfg.sample_factory.atari_num_envs // workers)
         return workers * cfg.sample_factory.num_envs_per_worker
+    if name == "cleanrl_ppo":
+        return cfg.cleanrl.num_envs
     return 1

@@ -31,6 +31,22 @@ SF_ENVS = {
     "humanoid": "mujoco_humanoid",
 }
 SF_FRAME_SKIP = {"ant": 5, "halfcheetah": 5, "hopper": 4, "walker2d": 4, "humanoid": 5}
+#: Sample Factory's Atari names are atari_<game in lower case> (sf_examples/atari/atari_utils.py), but for these.
+_SF_ATARI_EXCEPTIONS = {"Asteroids": "atari_asteroid", "MontezumaRevenge": "atari_montezuma",
+                        "KungFuMaster": "atari_kongfumaster"}  # fmt: skip
+ATARI_FRAME_SKIP = 4
+
+
+def sf_env(env: str) -> str | None:
+    """Sample Factory's env name for a sample_fast task or Atari game (``Pong-v5`` -> ``atari_pong``), or None."""
+    from sample_fast.envs.atari import is_atari_name
+
+    if is_atari_name(env):
+        game = env.removesuffix("-v5")
+        return _SF_ATARI_EXCEPTIONS.get(game, f"atari_{game.lower()}")
+    return SF_ENVS.get(env)
+
+
 INSTALL_HINT = "bash benchmarks/sample_factory/setup_venv.sh  (builds .venv-sf)"
 
 # "[...] Fps is (10 sec: 4812.3, 60 sec: 4700.1, 300 sec: 4650.0). Total num frames: 123456. ..."
@@ -77,16 +93,22 @@ def parse_fps(log: str) -> tuple[list[float], float | None, int]:
 
 
 def command(env: str, cfg: BenchmarkConfig, train_dir: str) -> list[str]:
+    """SF's train script for ``env``: its mujoco example, or its Atari example (NoFrameskip-v4 games with its own
+    wrappers: frame skip 4, 84x84, 4 frames, no sticky actions) counting agent steps (summaries_use_frameskip off),
+    as every other runner in the suite does."""
     sf = cfg.sample_factory
     workers = sf.num_workers or num_threads(cfg)
+    name = sf_env(env)
+    atari = name.startswith("atari_")
+    per_worker = max(1, sf.atari_num_envs // workers) if atari else sf.num_envs_per_worker
     return [
         venv_python(cfg),
         "-m",
-        "sf_examples.mujoco.train_mujoco",
-        f"--env={SF_ENVS[env]}",
+        "sf_examples.atari.train_atari" if atari else "sf_examples.mujoco.train_mujoco",
+        f"--env={name}",
         "--algo=APPO",
         f"--num_workers={workers}",
-        f"--num_envs_per_worker={sf.num_envs_per_worker}",
+        f"--num_envs_per_worker={per_worker}",
         "--device=cpu",
         f"--train_for_env_steps={sf.env_steps}",
         "--with_wandb=False",
@@ -94,14 +116,15 @@ def command(env: str, cfg: BenchmarkConfig, train_dir: str) -> list[str]:
         "--experiment=sample_fast_bench",
         "--restart_behavior=overwrite",
         f"--seed={cfg.seed}",
+        *(["--summaries_use_frameskip=False"] if atari else []),
     ]
 
 
 def run_sample_factory(env: str, cfg: BenchmarkConfig) -> CaseResult:
     """Run SF's training for ``cfg.sample_factory.env_steps`` steps (killed after ``timeout_s``); return its
     10-second FPS windows as the repeats."""
-    if env not in SF_ENVS:
-        raise Skip(f"Sample Factory's mujoco examples have no {env!r}; they have {', '.join(SF_ENVS)}")
+    if sf_env(env) is None:
+        raise Skip(f"Sample Factory's examples have no {env!r}; they have {', '.join(SF_ENVS)} and Atari <Game>-v5")
     python = venv_python(cfg)
     if not os.path.exists(python):
         raise Skip(
@@ -150,13 +173,14 @@ def run_sample_factory(env: str, cfg: BenchmarkConfig) -> CaseResult:
     notes = "SF's 10-s FPS windows" + (f"; stopped by the {sf.timeout_s:g} s timeout" if timed_out else "")
     if len(windows) < cfg.repeats:
         notes += f"; only {len(windows)} windows (raise sample_factory.env_steps)"
-    extra: dict[str, Any] = {"final_fps": final_fps, "frames": frames, "wall_s": wall_s, "sf_env": SF_ENVS[env]}
-    return CaseResult(windows[-max(cfg.repeats, 1) :], SF_FRAME_SKIP[env], "cpu", notes=notes, extra=extra)
+    extra: dict[str, Any] = {"final_fps": final_fps, "frames": frames, "wall_s": wall_s, "sf_env": sf_env(env)}
+    frame_skip = SF_FRAME_SKIP.get(env, ATARI_FRAME_SKIP)
+    return CaseResult(windows[-max(cfg.repeats, 1) :], frame_skip, "cpu", notes=notes, extra=extra)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", default="ant", choices=sorted(SF_ENVS))
+    parser.add_argument("--env", default="ant", help=f"{', '.join(sorted(SF_ENVS))} or an Atari game <Game>-v5")
     parser.add_argument("--env-steps", type=int, default=BenchmarkConfig().sample_factory.env_steps)
     parser.add_argument("--timeout-s", type=float, default=BenchmarkConfig().sample_factory.timeout_s)
     parser.add_argument("--repeats", type=int, default=3)

@@ -5,8 +5,9 @@
   slots, which are released as soon as they are READY (everything but learning).
 * ``train``: the ``Runner`` with an APPO ``Learner``, end to end; rates come from its ``on_train`` hook.
 
-Owns only the wiring of those components for timing. Builders are module-level functions so the Runner can pickle
-them into its spawned sampler process. A stage whose component is missing raises ``Skip`` with the reason.
+Owns only the timing: every component is built by ``sample_fast.wiring``, exactly as the trainer builds it (the
+module-level wrappers here only turn a case into the component configs, and pickle into the Runner's spawned sampler
+process). A case whose backend package is missing raises ``Skip`` with the reason.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from typing import Any
 
 import torch
 
-from sample_fast.envs import TASKS, BatchedEnv, EnvError, make
+from sample_fast import wiring
+from sample_fast.config import EnvConfig
+from sample_fast.envs import TASKS, BatchedEnv, EnvError
+from sample_fast.envs.atari import is_atari_name
+from sample_fast.learner import LearnerConfig
+from sample_fast.policy import PolicyConfig
+from sample_fast.runner import Runner
+from sample_fast.sampler import SamplerConfig
 
 from .config import BenchmarkConfig, num_threads
 from .measure import CaseResult, MeasureTimeout, Skip, Timing, WindowRecorder, timed_windows
@@ -51,6 +59,11 @@ def compatible(backend: str, env: str) -> str | None:
     """None if ``backend`` can run ``env``, else the reason it cannot."""
     if (backend == "toy") != (env == "toy"):
         return "the toy backend runs only the toy env (and the toy env only the toy backend)"
+    atari = is_atari_name(env)
+    if atari and backend not in ("envpool", "ale"):
+        return "Atari games run on the envpool and ale backends (gymnasium's ALE pipeline is the gymnasium_sync peer)"
+    if backend == "ale" and not atari:
+        return "the ale backend runs Atari games (<Game>-v5) only"
     return None
 
 
@@ -72,9 +85,11 @@ def env_options(cfg: BenchmarkConfig, backend: str) -> dict[str, Any]:
 
 
 def build_env(backend: str, env: str, num_envs: int, device: str, seed: int, options: dict[str, Any]) -> BatchedEnv:
-    """Module-level (picklable through functools.partial) env builder used by every stage."""
+    """Module-level (picklable through functools.partial) env builder used by every stage: the trainer's
+    ``wiring.build_env`` on this case's ``EnvConfig``. A backend whose package is missing is a skipped case."""
+    ecfg = EnvConfig(name=env_name_for(backend, env), backend=backend, device=device, options=dict(options))
     try:
-        return make(env_name_for(backend, env), num_envs, backend=backend, device=device, seed=seed, **options)
+        return wiring.build_env(ecfg, num_envs, seed=seed)
     except EnvError as e:
         if "needs the package" in str(e):
             raise Skip(str(e)) from None
@@ -143,18 +158,9 @@ def _env_extra(env: BatchedEnv) -> dict[str, Any]:
 
 
 # ----- stage: inference (the Sampler) -------------------------------------------------------------------------------
-def _import_policy() -> tuple[Any, Any]:
-    try:
-        from sample_fast.policy import ActorCritic, PolicyConfig
-    except ImportError as e:
-        raise Skip(f"sample_fast.policy is not available ({e})") from None
-    return ActorCritic, PolicyConfig
-
-
 def build_policy(observation_spec: Any, action_spec: Any, hidden_sizes: list[int], device: str) -> torch.nn.Module:
-    """Module-level policy builder (the Runner pickles it into the sampler process)."""
-    actor_critic, policy_config = _import_policy()
-    return actor_critic(observation_spec, action_spec, policy_config(hidden_sizes=list(hidden_sizes))).to(device)
+    """The trainer's ``wiring.build_policy`` with an MLP of ``hidden_sizes`` (picklable through functools.partial)."""
+    return wiring.build_policy(observation_spec, action_spec, PolicyConfig(hidden_sizes=list(hidden_sizes)), device)
 
 
 def _splits(num_envs: int, num_splits: int) -> int:
@@ -164,11 +170,6 @@ def _splits(num_envs: int, num_splits: int) -> int:
 
 def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     """The serial-mode Sampler (double-buffered env groups + policy.act + slot writes), slots released at once."""
-    try:
-        from sample_fast.sampler import Sampler, SamplerConfig
-        from sample_fast.trajectory_store import TrajectoryStore
-    except ImportError as e:
-        raise Skip(f"the sampler is not available ({e})") from None
     t0 = time.perf_counter()
     num_splits = _splits(case.num_envs, cfg.num_splits)
     per_split = case.num_envs // num_splits
@@ -188,12 +189,8 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         envs = [env_fn() for _ in range(num_splits)]
         first = envs[0]
         policy = build_policy(first.observation_spec, first.action_spec, cfg.policy_hidden_sizes, str(first.device))
-        store = TrajectoryStore(
-            first.observation_spec, first.action_spec, cfg.rollout_len, per_split, scfg.num_slots,
-            max_episode_steps=first.truncation_limit, device=first.device,
-        )  # fmt: skip
-        sampler = Sampler(
-            envs, policy, store, scfg, version_fn=lambda: 0, split_seeds=[cfg.seed + i for i in range(num_splits)]
+        store, sampler = wiring.build_sampler(
+            envs, policy, scfg, version_fn=lambda: 0, split_seeds=[cfg.seed + i for i in range(num_splits)]
         )
         state = {"first": True}
 
@@ -226,10 +223,8 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
 
 # ----- stage: train (the Runner) ----------------------------------------------------------------------------------
 def build_learner(policy: torch.nn.Module, device: str, overrides: dict[str, Any]) -> Any:
-    """Module-level learner builder: ``Learner(policy, LearnerConfig(**overrides), device)``."""
-    from sample_fast.learner import Learner, LearnerConfig
-
-    return Learner(policy, LearnerConfig(**overrides), device)
+    """The trainer's ``wiring.build_learner`` with ``LearnerConfig(**overrides)`` and a constant learning rate."""
+    return wiring.build_learner(policy, LearnerConfig(**overrides), device)
 
 
 class _RateHooks:
@@ -255,12 +250,6 @@ class _RateHooks:
 
 def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     """Runner + Learner end to end; each window is env steps trained between two ``on_train`` calls."""
-    try:
-        import sample_fast.learner  # noqa: F401 -- fail here, not in the Runner, when the learner is missing
-        from sample_fast.runner import Runner
-        from sample_fast.sampler import SamplerConfig
-    except ImportError as e:
-        raise Skip(f"the runner or learner is not available ({e})") from None
     tcfg = cfg.train
     num_splits = _splits(case.num_envs, tcfg.num_splits)
     env_fn = _env_fn(cfg, case, case.num_envs // num_splits)

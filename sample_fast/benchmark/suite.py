@@ -20,7 +20,7 @@ from rich.table import Table
 
 from . import harness
 from . import report as rep
-from .config import STAGES, BenchmarkConfig, num_threads, resolve
+from .config import STAGES, BenchmarkConfig, is_atari, num_threads, resolve
 from .measure import CaseResult, Skip, format_rate, run_isolated, summarize
 from .peers import MEASURE, PEERS, check_available, fixed_num_envs
 from .stages import STAGE_FUNCTIONS, Case, compatible
@@ -34,8 +34,8 @@ def plan(cfg: BenchmarkConfig) -> tuple[list[Case], list[dict[str, str]]]:
     for env in cfg.envs:
         if "mujoco_rollout" in cfg.peers:
             # The physical limit is measured whatever the stages, so every figure has its ratio.
-            if env == "toy":
-                skipped.append({"what": f"mujoco_rollout · {env}", "reason": "peers run MuJoCo tasks only"})
+            if env == "toy" or is_atari(env):
+                skipped.append({"what": f"mujoco_rollout · {env}", "reason": "it runs MuJoCo tasks only"})
             else:
                 cases += [Case("env", "peer", "mujoco_rollout", env, n) for n in cfg.num_envs]
         for stage in cfg.stages:
@@ -51,7 +51,7 @@ def plan(cfg: BenchmarkConfig) -> tuple[list[Case], list[dict[str, str]]]:
                 if env == "toy":
                     skipped.append({"what": f"{peer} · {env}", "reason": "peers run MuJoCo tasks only"})
                     continue
-                sizes = cfg.num_envs if PEERS[peer].sweeps else [fixed_num_envs(peer, cfg)]
+                sizes = cfg.num_envs if PEERS[peer].sweeps else [fixed_num_envs(peer, cfg, env)]
                 if peer == "gymnasium_async":  # one process per env: past the cap, one process per core instead
                     sizes = [n for n in sizes if n <= cfg.gymnasium_async_max_envs] or [num_threads(cfg)]
                 cases += [Case(stage, "peer", peer, env, n) for n in sizes]

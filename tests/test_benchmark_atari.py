@@ -1,0 +1,112 @@
+"""Atari in the FPS suite: planning, the Atari peers (EnvPool sync/async, ale-py's vector env, gymnasium's Python
+pipeline, the CleanRL-style PPO, Sample Factory's Atari example), their preprocessing against our backends', and the
+CleanRL-style script's score bookkeeping against hand-computed values."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from sample_fast.envs import make
+
+from sample_fast.benchmark import BenchmarkConfig, cleanrl_peer, peers, resolve, sample_factory_peer
+from sample_fast.benchmark.stages import Case
+from sample_fast.benchmark.suite import plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import cleanrl_ppo_atari  # noqa: E402
+
+
+def tiny(**kw) -> BenchmarkConfig:
+    base = dict(repeats=2, seconds_per_repeat=0.2, warmup_s=0.0, measure_timeout_s=60.0, num_threads=1, out_dir="x")
+    return resolve(BenchmarkConfig(**{**base, **kw}))
+
+
+def test_plan_runs_atari_on_its_backends_and_peers_only():
+    cfg = tiny(
+        stages=["env", "train"],
+        backends=["mujoco", "envpool", "ale"],
+        envs=["Pong-v5", "ant"],
+        num_envs=[8],
+        peers=["mujoco_rollout", "envpool_raw", "ale_vector_raw", "cleanrl_ppo"],
+    )
+    cases, skipped = plan(cfg)
+    pong = [c for c in cases if c.env == "Pong-v5"]
+    assert pong == [
+        Case("env", "sample_fast", "envpool", "Pong-v5", 8),
+        Case("env", "sample_fast", "ale", "Pong-v5", 8),
+        Case("env", "peer", "envpool_raw", "Pong-v5", 8),
+        Case("env", "peer", "ale_vector_raw", "Pong-v5", 8),
+        Case("train", "sample_fast", "envpool", "Pong-v5", 8),
+        Case("train", "sample_fast", "ale", "Pong-v5", 8),
+        Case("train", "peer", "cleanrl_ppo", "Pong-v5", 8),  # CleanRL's 8 envs
+    ]
+    what = {s["what"] for s in skipped}
+    assert {"mujoco_rollout · Pong-v5", "env · mujoco · Pong-v5", "train · mujoco · Pong-v5", "env · ale · ant"} <= what
+    with pytest.raises(Exception, match="Pong-v4|envs"):
+        resolve(BenchmarkConfig(envs=["Pong-v4"], out_dir="x"))  # not an Atari name (<Game>-v5) nor a task
+
+
+@pytest.mark.parametrize("peer", ["envpool_raw", "envpool_raw_async", "ale_vector_raw", "gymnasium_sync"])
+def test_atari_env_peers_step_pong(peer):
+    res = peers.MEASURE[peer]("Pong-v5", 4, tiny())
+    assert res.frame_skip == 4 and len(res.rates) == 2 and min(res.rates) > 0
+
+
+def test_atari_peers_preprocess_like_our_backends():
+    """Same frames shape and dtype, same action set: the env-only ratios compare the same work."""
+    ours = make("Pong-v5", 2, backend="envpool")
+    try:
+        pool, frame_skip = peers._envpool_pool("Pong-v5", 2, tiny(), batch_size=2)
+        obs, _ = pool.reset()
+        assert obs.shape[1:] == tuple(ours.observation_spec.shape) == (4, 84, 84) and obs.dtype == np.uint8
+        assert pool.action_space.n == ours.action_spec.num_actions and frame_skip == ours.frame_skip
+        pool.close()
+        gym_vec = peers._gymnasium_atari("Pong-v5", 2, "sync")
+        obs, _ = gym_vec.reset(seed=0)
+        assert obs.shape[1:] == (4, 84, 84) and obs.dtype == np.uint8
+        assert gym_vec.single_action_space.n == ours.action_spec.num_actions
+        gym_vec.close()
+    finally:
+        ours.close()
+    with pytest.raises(peers.Skip, match="Atari games"):
+        peers.MEASURE["ale_vector_raw"]("ant", 4, tiny())
+
+
+def test_game_stats_count_a_game_only_when_the_last_life_is_lost():
+    stats = cleanrl_ppo_atari.GameStats(2)
+    # env 0 loses a life (terminated by episodic life, 2 lives left): no game ends; env 1 scores 1
+    step = dict(reward=np.array([0.0, 1.0]), lives=np.array([2, 3]))
+    assert stats.update(step, np.array([True, False]), np.array([False, False])) == []
+    # env 0 scores 3 unclipped, then loses its last life; env 1 is truncated by the frame cap
+    step = dict(reward=np.array([3.0, -1.0]), lives=np.array([0, 3]))
+    assert stats.update(step, np.array([True, False]), np.array([False, True])) == [(3.0, 2), (0.0, 2)]
+    assert stats.returns.tolist() == [0.0, 0.0] and stats.lengths.tolist() == [0, 0]
+
+
+def test_parse_cleanrl_updates():
+    log = "A.L.E. banner\nupdate 1 global_step 64 sps 10.0 score_mean100 nan\nupdate 2 global_step 128 sps 55.5 x\n"
+    assert cleanrl_peer.parse_updates(log) == [(1, 64, 10.0), (2, 128, 55.5)]
+
+
+@pytest.mark.timeout(120)
+def test_cleanrl_peer_bounded_run():
+    cfg = tiny()
+    cfg.cleanrl.num_envs, cfg.cleanrl.num_steps, cfg.cleanrl.env_steps = 2, 16, 3 * 32
+    res = cleanrl_peer.run_cleanrl("Pong-v5", cfg)
+    assert len(res.rates) == 2 and min(res.rates) > 0  # 3 updates, the first (start-up) left out
+    assert res.extra["updates"] == 3 and res.frame_skip == 4
+
+
+def test_sample_factory_atari_command():
+    cfg = BenchmarkConfig(num_threads=2)
+    assert sample_factory_peer.sf_env("Pong-v5") == "atari_pong"
+    assert sample_factory_peer.sf_env("MontezumaRevenge-v5") == "atari_montezuma"
+    assert sample_factory_peer.sf_env("ant") == "mujoco_ant" and sample_factory_peer.sf_env("toy") is None
+    cmd = sample_factory_peer.command("Breakout-v5", cfg, "/tmp/x")
+    assert cmd[1:3] == ["-m", "sf_examples.atari.train_atari"] and "--env=atari_breakout" in cmd
+    assert "--summaries_use_frameskip=False" in cmd  # agent steps, as every other runner counts
+    assert "--summaries_use_frameskip=False" not in sample_factory_peer.command("ant", cfg, "/tmp/x")
