@@ -50,7 +50,7 @@ def free_port() -> int:
 
 def ant_specs():
     from sample_fast.config import EnvConfig
-    from sample_fast.train import probe_specs
+    from sample_fast.wiring import probe_specs
 
     return probe_specs(EnvConfig(name="ant", backend="mujoco", device="cpu", num_envs=1, num_threads=1))
 
