@@ -141,7 +141,8 @@ class Sync:
 
     # -- helpers
     def _mark(self) -> None:
-        """Post this rank's progress (a counter of the collectives it entered) to the store (~0.1 ms)."""
+        """Post this rank's progress (a counter of the update boundaries it reached, 2 per update) to the store: one
+        small TCP write to torchrun's rendezvous store per boundary, not per collective (a remote store costs more)."""
         self.progress += 1
         if self.store is not None:
             try:
@@ -160,9 +161,9 @@ class Sync:
         return self._get("failed", rank) is None and (self._get("progress", rank) or 0) <= self.progress
 
     def behind(self, wait_s: float = 5.0) -> str:
-        """After a failed collective: the ranks that neither got past it nor reported a failure of their own
-        within ``wait_s`` (a live peer blocked in the same collective times out too, and says so): those hung, were
-        stopped or died. '' when unknown (no store) or when every peer answered."""
+        """After a failed collective: the ranks that neither got past this rank's update boundary nor reported a
+        failure of their own within ``wait_s`` (a live peer blocked in the same collective times out too, and says
+        so): those hung, were stopped or died. '' when unknown (no store) or when every peer answered."""
         if self.store is None:
             return ""
         try:
@@ -177,8 +178,9 @@ class Sync:
             return ""
         if not silent:
             return ""
-        where = ", ".join(f"rank {r} at collective {self._get('progress', r) or 0}" for r in silent)
-        return f"; {where} (this rank: {self.progress}) neither completed it nor reported a failure: it hung or died"
+        where = ", ".join(f"rank {r} (update boundary {self._get('progress', r) or 0})" for r in silent)
+        return (f"; {where} neither completed the collective nor reported a failure of its own (this rank: update "
+                f"boundary {self.progress}): it hung or died")  # fmt: skip
 
     def _fail(self, what: str, e: BaseException) -> DistributedError:
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -189,7 +191,6 @@ class Sync:
         )
 
     def all_reduce_(self, t: Tensor, what: str, group=None) -> Tensor:
-        self._mark()
         try:
             dist.all_reduce(t, group=group)
         except RuntimeError as e:
@@ -240,7 +241,6 @@ class Sync:
         n_t = torch.full_like(mean_t, float(count))
         mine = torch.stack([n_t, mean_t, var_t])  # [3, D]
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self._mark()
         try:
             dist.all_gather(gathered, mine)
         except RuntimeError as e:

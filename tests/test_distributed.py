@@ -319,12 +319,12 @@ def test_a_failed_collective_names_the_rank_that_did_not_answer():
     sync = Sync(0, 3, 0, 3, "gloo", 60.0, torch.device("cpu"))
     sync.store = store
     sync.progress = 7
-    store.set(sync._key("progress", 1), "7")  # entered the same collective, then went quiet
+    store.set(sync._key("progress", 1), "7")  # reached the same update boundary, then went quiet
     store.set(sync._key("progress", 2), "7")
     store.set(sync._key("failed", 2), "7")  # timed out like rank 0: alive
     msg = sync.behind(wait_s=0.5)
-    assert "rank 1 at collective 7" in msg and "rank 2" not in msg
-    store.set(sync._key("progress", 1), "8")  # got past it: not the one
+    assert "rank 1 (update boundary 7) neither completed" in msg and "rank 2" not in msg
+    store.set(sync._key("progress", 1), "8")  # got past this rank's boundary: not the one
     assert sync.behind(wait_s=0.5) == ""
 
 
@@ -343,9 +343,34 @@ def test_a_hung_rank_ends_the_run_within_the_timeout_naming_it(tmp_path):
     t0 = time.monotonic()
     out = _finish(proc, timeout=120)
     assert proc.returncode != 0
-    named = re.search(r"Ranks? 1 failed to pass monitoredBarrier|rank 1 at collective \d+ .* neither completed", out)
+    named = re.search(r"Ranks? 1 failed to pass monitoredBarrier|rank 1 \(update boundary \d+\) neither completed", out)
     assert named, out[-4000:]
     assert "rank 0/2" in out  # rank 0 is the one that reports it
     assert time.monotonic() - t0 < 60
     assert descendants(proc.pid) == []
     assert leaked_shm(before, SHM_PREFIXES, wait_s=3.0) == set()
+
+
+@pytest.mark.slow  # ~30 s: one 2-rank start
+def test_sigterm_to_one_rank_stops_every_rank_after_the_same_update(tmp_path):
+    """A stop asked on rank 1 alone (a preempted node) is taken by all ranks after one update: rank 0 writes the
+    final checkpoint, nobody is left blocked in a collective."""
+    from sample_fast.benchmark.measure import descendants
+
+    run_dir = tmp_path / "run"
+    proc = torchrun(2, *_train_args(run_dir, 10**7, "distributed=ddp", "distributed.timeout_s=30"))
+    deadline = time.monotonic() + 120
+    while not (run_dir / "progress.csv").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    os.kill(_worker_pids(proc.pid)[1], signal.SIGTERM)
+    t0 = time.monotonic()
+    out = _finish(proc, timeout=90)
+    assert time.monotonic() - t0 < 25, out[-3000:]  # far below the 30 s collective timeout: no rank waited it out
+    assert "SIGTERM received: stopping" in out
+    ckpts = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
+    assert ckpts, out[-3000:]
+    final = read_checkpoint_file(ckpts[-1])["state"]
+    assert final["env_steps"] == final["learner"]["env_steps"] > 0
+    assert f"done: {final['env_steps']} env steps" in out  # rank 0 finished normally at the agreed update
+    assert descendants(proc.pid) == []
