@@ -30,7 +30,7 @@ from sample_fast.config import EnvConfig
 from sample_fast.learner import LearnerConfig
 from sample_fast.policy import PolicyConfig
 from sample_fast.procs import CTRL_SAMPLER_STEPS, cpu_seconds, rss_bytes
-from sample_fast.runner import Runner
+from sample_fast.runner import Runner, RunnerConfig
 from sample_fast.sampler import SamplerConfig, build_split_envs
 
 RESULTS = Path(__file__).parent / "results"
@@ -169,11 +169,11 @@ def bench_async(args, seconds: float, sample_every_s: float) -> dict:
         num_slots=2 * args.num_splits,
         seed=0,
         inference_threads=args.inference_threads,
-        learner_threads=args.learner_threads,
     )
     ref = {"t0": time.monotonic()}
     probe = _Probe(ref, sample_every_s)
-    runner = Runner(env_fn, policy_fn, make_learner, cfg, mode="async", hooks=probe)
+    rcfg = RunnerConfig(learner_threads=args.learner_threads)
+    runner = Runner(env_fn, policy_fn, make_learner, cfg, rcfg, mode="async", hooks=probe)
     ref["runner"] = runner
     ref["t0"] = time.monotonic()
     summary = runner.run(total_env_steps=10**12, time_limit_s=seconds)

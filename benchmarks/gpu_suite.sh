@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# GPU profile of sample_fast in under 10 minutes: the FPS suite's GPU preset (MJX Ant at 1024-65536 envs) for each
-# stage -- env only, + inference, + training -- then the advantage kernels on CUDA. Every section has its own
-# timeout (SIGINT first, so the suite writes what it measured, then SIGKILL), so one hang cannot eat the budget.
+# GPU profile of sample_fast in under 10 minutes: MuJoCo Warp's kernel compile time (empty cache, then cached), then
+# the FPS suite's GPU preset (Ant at 4096-65536 envs) for each stage -- env only, + inference, + training -- and each
+# device simulator (mjx, warp), then the advantage kernels on CUDA. Every section has its own timeout (SIGINT first,
+# so the suite writes what it measured, then SIGKILL), so one hang cannot eat the budget; the timeouts add up to
+# 530 s. Rows carry steps/s, compile_s and GPU memory (gpu_mem_used_gib: the driver's used memory, all allocators).
 #   bash benchmarks/gpu_suite.sh                    # on a CUDA machine; results in $OUT or benchmarks/results/gpu-<date>-<host>
 #   GPU_SUITE_SMOKE=1 bash benchmarks/gpu_suite.sh  # the same script on the CPU with tiny sizes (proves it works)
+#   GPU_SUITE_BACKENDS=warp bash benchmarks/gpu_suite.sh   # one device simulator only (default: "mjx warp")
 # Extra arguments are Hydra overrides passed to every suite section, e.g. `num_envs=[4096,16384]`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,17 +16,24 @@ OUT_DIR=${OUT:-benchmarks/results/gpu-$(date -u +%Y-%m-%d)-$(hostname)}
 mkdir -p "$OUT_DIR"
 export MUJOCO_GL=${MUJOCO_GL:-egl}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX and torch share the GPU: no 75% grab by JAX
+BACKENDS=${GPU_SUITE_BACKENDS:-mjx warp}
+# Warp's kernel cache for this run: empty at first, so the compile section measures a cold compile and fills it for
+# every later section (each suite case is a fresh process that loads the kernels from it).
+WARP_CACHE=${WARP_CACHE:-$OUT_DIR/warp-kernels}
 
 if [ "${GPU_SUITE_SMOKE:-0}" = "1" ]; then
   # CPU, tiny: every section and every file the real run writes, in about a minute.
   SIZES="device=cpu num_envs=[8] repeats=1 seconds_per_repeat=0.3 warmup_s=0 peers=[] measure_timeout_s=240"
   SIZES="$SIZES train.rollout_len=8"
-  T_ENV=300; T_INF=300; T_TRAIN=300; T_ADV=120
+  T_WARP=300; T_ENV=300; T_INF=300; T_TRAIN=300; T_ADV=120
   ADV_ARGS="--device cpu --quick --num-envs 256 --rounds 5 --out $OUT_DIR/advantages_smoke"
+  WARP_ARGS="--device cpu --quick --no-mujoco"
 else
   SIZES=""
-  T_ENV=150; T_INF=150; T_TRAIN=180; T_ADV=60   # 540 s of sections + start-up < 10 min
+  # per backend: 2 x (60 + 60 + 80) s, + 100 s warp compile + 30 s advantages = 530 s of sections (+ start-up) < 10 min
+  T_WARP=100; T_ENV=60; T_INF=60; T_TRAIN=80; T_ADV=30
   ADV_ARGS="--device cuda --out $OUT_DIR/advantages_cuda"
+  WARP_ARGS="--device cuda --batch-sizes 4096 --seconds 2 --no-mujoco"
 fi
 
 status=0
@@ -38,11 +48,21 @@ section() {  # section <name> <timeout_s> <command...>
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null > "$OUT_DIR/gpu.csv" || true
+if [[ " $BACKENDS " == *" warp "* ]]; then
+  mkdir -p "$WARP_CACHE"
+  # shellcheck disable=SC2086  # WARP_ARGS is a list of arguments
+  section "warp kernel compile" "$T_WARP" "$PY" benchmarks/bench_warp.py $WARP_ARGS --cache-dir "$WARP_CACHE" \
+    --out "$OUT_DIR" --name warp_compile
+fi
 for stage in env inference train; do
   case $stage in env) limit=$T_ENV ;; inference) limit=$T_INF ;; train) limit=$T_TRAIN ;; esac
-  # shellcheck disable=SC2086  # SIZES is a list of overrides
-  section "suite $stage" "$limit" "$PY" -m sample_fast.benchmark preset=gpu "stages=[$stage]" \
-    "out_dir=$OUT_DIR" "out_name=gpu_$stage" "title=sample_fast GPU suite: $stage stage" progress=false $SIZES "$@"
+  for backend in $BACKENDS; do
+    # shellcheck disable=SC2086  # SIZES is a list of overrides
+    section "suite $stage $backend" "$limit" "$PY" -m sample_fast.benchmark preset=gpu "stages=[$stage]" \
+      "backends=[$backend]" "++backend_options.warp.kernel_cache_dir=$WARP_CACHE" \
+      "out_dir=$OUT_DIR" "out_name=gpu_${stage}_$backend" \
+      "title=sample_fast GPU suite: $stage stage on $backend" progress=false $SIZES "$@"
+  done
 done
 if [ -f benchmarks/bench_advantages.py ]; then
   # shellcheck disable=SC2086
@@ -78,8 +98,8 @@ fi
 {
   echo "# sample_fast GPU suite ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname))"
   echo
-  for f in "$OUT_DIR"/gpu_env.md "$OUT_DIR"/gpu_inference.md "$OUT_DIR"/gpu_train.md "$OUT_DIR"/advantages_*.md \
-      "$OUT_DIR"/distributed.md; do
+  for f in "$OUT_DIR"/warp_compile.md "$OUT_DIR"/gpu_env_*.md "$OUT_DIR"/gpu_inference_*.md "$OUT_DIR"/gpu_train_*.md \
+    "$OUT_DIR"/advantages_*.md "$OUT_DIR"/distributed.md; do
     [ -f "$f" ] && { cat "$f"; echo; }
   done
 } > "$OUT_DIR/gpu_suite.md"

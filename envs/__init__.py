@@ -1,7 +1,7 @@
 """sample_fast.envs: one batched-env API over MuJoCo C, MJX, EnvPool, gymnasium and a pure-torch toy env.
 
     from sample_fast.envs import make
-    with make("ant", num_envs=64) as env:            # backend="auto": mujoco on CPU, mjx with CUDA
+    with make("ant", num_envs=64) as env:            # backend="auto": mujoco on CPU, warp (else mjx) with CUDA
         obs, info = env.reset()
         obs, reward, terminated, truncated, info = env.step(actions)
 
@@ -11,7 +11,8 @@ env (or ``gymnasium:<module>:<id>``, which imports the module that registers it 
 and Atari games as ``<Game>-v5`` (``Pong-v5``, ``SpaceInvaders-v5``: ``sample_fast.envs.atari``). The episode
 convention is in ``sample_fast.envs.base``; ``sample_fast.envs.adapters`` wraps any BatchedEnv as a gymnasium
 VectorEnv, a TorchRL EnvBase or an Isaac-style VecTask. ``check_options`` checks options the way a backend's
-constructor does, without building anything (the trainer's config check uses it).
+constructor does, without building anything (the trainer's config check uses it). Importing this package registers
+gymnasium ids (``gymnasium.make_vec("sample_fast/Ant-v5", num_envs=64)``; ``sample_fast.envs.registration``).
 Backends import lazily, so ``import sample_fast.envs`` never pulls in JAX, EnvPool or ale-py.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import atari
+from . import atari, registration
 from .base import BatchedEnv, EnvError, OptionError, Spec, StepResult, UnknownOptionError
 from .tasks import TASKS
 
@@ -46,11 +47,15 @@ __all__ = [
 BACKENDS: dict[str, tuple[str, str, str]] = {
     "mujoco": ("mujoco_env", "MujocoEnv", "mujoco"),
     "mjx": ("mjx_env", "MjxEnv", "mujoco-mjx jax"),
+    "warp": ("warp_env", "WarpEnv", "mujoco-warp==4.0.0 warp-lang==1.19.0"),
     "envpool": ("envpool_env", "EnvPoolEnv", "envpool"),
     "ale": ("ale_env", "AleEnv", "ale-py"),
     "gymnasium": ("gymnasium_env", "GymnasiumEnv", "gymnasium"),
     "toy": ("toy", "ToyEnv", "(built in)"),
 }
+
+#: Backends that simulate on the env's device (CUDA when available): ``device=None`` picks cuda for them.
+GPU_BACKENDS = ("auto", "mjx", "warp")
 
 #: The backends that run Atari games (``<Game>-v5`` names); envpool's MuJoCo class is in ``BACKENDS``.
 ATARI_BACKENDS: dict[str, tuple[str, str, str]] = {
@@ -61,6 +66,7 @@ ATARI_BACKENDS: dict[str, tuple[str, str, str]] = {
 _BACKEND_MODULES = {
     "mujoco": "mujoco",
     "mjx": "mujoco.mjx",
+    "warp": "mujoco_warp",
     "envpool": "envpool",
     "ale": "ale_py",
     "gymnasium": "gymnasium",
@@ -87,9 +93,25 @@ def _known_names() -> str:
     return ", ".join(sorted(TASKS)) + ", toy, gymnasium:<id> (e.g. gymnasium:Pendulum-v1), <Game>-v5 (Atari: Pong-v5)"
 
 
+def warp_imports() -> bool:
+    """Whether the warp backend's packages (mujoco_warp, warp) import here: ``auto`` prefers warp over mjx on CUDA
+    then. Imports them (once per process; only asked on CUDA)."""
+    global _WARP_IMPORTS
+    if _WARP_IMPORTS is None:
+        try:
+            importlib.import_module(f"{__name__}.warp_env")
+            _WARP_IMPORTS = True
+        except Exception:  # an ImportError, or a broken CUDA/driver install failing at import
+            _WARP_IMPORTS = False
+    return _WARP_IMPORTS
+
+
+_WARP_IMPORTS: bool | None = None
+
+
 def resolve_backend(name: str, backend: str, device: torch.device) -> str:
-    """Pick the backend for ``name``. ``auto``: for MuJoCo tasks mjx when ``device`` is CUDA, else mujoco; for Atari
-    games envpool where it is installed, else ale."""
+    """Pick the backend for ``name``. ``auto``: for MuJoCo tasks on a CUDA ``device`` warp when it imports, else mjx;
+    on the CPU mujoco; for Atari games envpool where it is installed, else ale."""
     if backend not in (*BACKENDS, "auto"):
         raise EnvError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(BACKENDS)}")
     if name == "toy":
@@ -120,7 +142,9 @@ def resolve_backend(name: str, backend: str, device: torch.device) -> str:
         gym_id = TASKS[name].gymnasium_id
         raise EnvError(f"backend 'gymnasium' takes 'gymnasium:<id>' names; for {name!r} use 'gymnasium:{gym_id}'")
     if backend == "auto":
-        return "mjx" if device.type == "cuda" else "mujoco"
+        if device.type != "cuda":
+            return "mujoco"
+        return "warp" if warp_imports() else "mjx"
     return backend
 
 
@@ -137,8 +161,9 @@ def make(
     Args:
         name: a task in ``TASKS``, ``"toy"``, ``"gymnasium:<id>"`` or an Atari game ``"<Game>-v5"``.
         num_envs: number of environments, >= 1.
-        backend: ``auto``, ``mujoco``, ``mjx``, ``envpool``, ``ale``, ``gymnasium`` or ``toy``.
-        device: where tensors live. Default: ``cuda`` for mjx when available, else ``cpu``.
+        backend: ``auto``, ``mujoco``, ``mjx``, ``warp``, ``envpool``, ``ale``, ``gymnasium`` or ``toy``.
+        device: where tensors live. Default: ``cuda`` for mjx, warp and auto (MuJoCo tasks) when available,
+            else ``cpu``.
         seed: seeds resets (noise on the initial state) and anything random in the backend.
         task_options: task settings (e.g. ``ctrl_cost_weight``, ``max_episode_steps``) and backend settings
             (e.g. ``num_threads`` for mujoco, ``solver_iterations`` for MuJoCo/MJX). Unknown ones raise EnvError.
@@ -148,7 +173,7 @@ def make(
     if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
         raise EnvError(f"num_envs must be a positive int, got {num_envs!r}")
     if device is None:
-        device = "cuda" if (backend in ("mjx", "auto") and torch.cuda.is_available() and name in TASKS) else "cpu"
+        device = "cuda" if (backend in GPU_BACKENDS and torch.cuda.is_available() and name in TASKS) else "cpu"
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
@@ -191,7 +216,7 @@ def backend_options(name: str, backend: str) -> frozenset[str]:
 
 
 #: backend -> the attribute of its module holding its own options (besides the task options)
-_OWN_OPTIONS = {"mujoco": "BACKEND_OPTIONS", "mjx": "MJX_OPTIONS", "envpool": "BACKEND_OPTIONS"}
+_OWN_OPTIONS = {"mujoco": "BACKEND_OPTIONS", "mjx": "MJX_OPTIONS", "warp": "WARP_OPTIONS", "envpool": "BACKEND_OPTIONS"}
 
 
 def _backends_for(name: str) -> dict[str, tuple[str, str, str]]:
@@ -204,9 +229,10 @@ def _backend_module(backend: str, name: str = "") -> Any:
     try:
         return importlib.import_module(f"{__name__}.{module_name}")
     except ImportError as e:
+        install = package if "==" in package else package.split()[0]  # pinned backends: the whole pin
         raise EnvError(
             f"backend {backend!r} needs the package(s) {package}, which did not import ({e}); "
-            f"install with: pip install {package.split()[0]}"
+            f"install with: pip install {install}"
         ) from e
 
 
@@ -228,3 +254,7 @@ def _with_owners(error: UnknownOptionError, backend: str) -> UnknownOptionError:
         return error
     taken = "; ".join(f"{k} is an option of backend {' and '.join(map(repr, b))}" for k, b in owners.items())
     return UnknownOptionError(f"{error} ({taken}, not of {backend!r})", error.unknown, error.valid, owners, error.hint)
+
+
+# gymnasium ids (sample_fast/Ant-v5, sample_fast/Toy-v0, sample_fast/Pong-v5, ...): envs/registration.py
+registration.register_all()

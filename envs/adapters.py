@@ -1,20 +1,27 @@
-"""Wrappers that let other RL ecosystems drive any ``BatchedEnv``: gymnasium 1.x, TorchRL and Isaac Gym/rl_games.
+"""Wrappers that let other RL ecosystems drive any ``BatchedEnv``: gymnasium 1.x, TorchRL, Stable-Baselines3 and
+Isaac Gym/rl_games.
 
 Owns only the conversion between our contract (``envs.base``: torch tensors, same-step auto-reset, true next
-observation in ``info["final_obs"]``, ``terminated``/``truncated`` separate) and each ecosystem's own:
+observation in ``info["final_obs"]``, ``terminated``/``truncated`` separate, per-env reset on demand) and each
+ecosystem's own:
 
-* ``GymnasiumVectorEnv``: a ``gymnasium.vector.VectorEnv`` (numpy in/out, ``AutoresetMode.SAME_STEP``; final
-  observations in ``info["final_obs"]`` as gymnasium's ``SyncVectorEnv`` puts them). ``GymnasiumSingleEnv`` is a
-  plain ``gymnasium.Env`` over a one-env batch (for ``gymnasium.utils.env_checker.check_env`` and single-env code).
-* ``TorchRLEnv``: a ``torchrl.envs.EnvBase`` with ``batch_size=[N]`` (TensorDict in/out, ``"_reset"`` masks).
+* ``GymnasiumVectorEnv``: a ``gymnasium.vector.VectorEnv`` (numpy in/out; ``AutoresetMode.SAME_STEP`` or
+  ``NEXT_STEP``; ``info`` laid out as gymnasium's ``SyncVectorEnv`` lays it out in that mode; ``reset_mask``).
+  ``GymnasiumSingleEnv`` is a plain ``gymnasium.Env`` over a one-env batch (for ``check_env`` and single-env code).
+  Both are registered with gymnasium as ``sample_fast/<Task>`` ids (``envs.registration``).
+* ``TorchRLEnv``: a ``torchrl.envs.EnvBase`` with ``batch_size=[N]`` (TensorDict in/out, ``"_reset"`` masks, also on
+  running envs: ``StepCounter``, ``max_frames_per_traj``).
+* ``SB3VecEnv``: a Stable-Baselines3 ``VecEnv`` (``terminal_observation``, ``TimeLimit.truncated``).
 * ``VecTaskEnv``: Isaac Gym's ``VecTask`` interface (``obs_buf``/``rew_buf``/``reset_buf``,
-  ``extras["time_outs"]``), which rl_games-style training code drives.
+  ``extras["time_outs"]``, fresh tensors each step), which rl_games-style training code drives.
 
-The adapters never step physics themselves and import TorchRL only when ``TorchRLEnv`` is first used.
+The adapters never step physics themselves and import TorchRL and Stable-Baselines3 only when ``TorchRLEnv`` /
+``SB3VecEnv`` is first used.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -25,9 +32,23 @@ from gymnasium.vector.utils import batch_space
 
 from .base import BatchedEnv, EnvError, Spec
 
-__all__ = ["GymnasiumVectorEnv", "GymnasiumSingleEnv", "TorchRLEnv", "VecTaskEnv", "gymnasium_spaces"]  # noqa: F822
+__all__ = [  # noqa: F822 (TorchRLEnv and SB3VecEnv are built on first access)
+    "GymnasiumVectorEnv",
+    "GymnasiumSingleEnv",
+    "TorchRLEnv",
+    "SB3VecEnv",
+    "VecTaskEnv",
+    "gymnasium_spaces",
+    "check_autoreset_mode",
+]
 
-_TORCH_TO_NP = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64, torch.int32: np.int32}
+_TORCH_TO_NP = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.uint8: np.uint8,
+}
 
 
 def _np_dtype(dtype: torch.dtype) -> type:
@@ -78,62 +99,143 @@ def _check_seed(seed: Any) -> int | None:
 
 
 # ----- gymnasium ----------------------------------------------------------------------------------------------
-class GymnasiumVectorEnv(gym.vector.VectorEnv):
-    """A ``gymnasium.vector.VectorEnv`` over a ``BatchedEnv`` (numpy in/out, same-step auto-reset).
+_AUTORESET_MODES = {"same_step": AutoresetMode.SAME_STEP, "next_step": AutoresetMode.NEXT_STEP}
 
-    ``step`` returns ``(obs, reward, terminated, truncated, info)`` as numpy arrays. Where env i's episode ended,
-    ``obs[i]`` is already the next episode's first observation and, exactly like gymnasium's
-    ``SyncVectorEnv(autoreset_mode=SAME_STEP)``, ``info["final_obs"]`` is an object array holding the ended
-    episode's last observation at i (None elsewhere) with the mask ``info["_final_obs"]``, and
-    ``info["final_info"]`` holds ``episode_return``/``episode_length`` for those envs. Every other info
-    entry of the ``BatchedEnv`` is passed through as an ``[N, ...]`` array with an all-True ``_<key>`` mask.
+
+def check_autoreset_mode(mode: Any) -> AutoresetMode:
+    """``AutoresetMode.SAME_STEP``/``NEXT_STEP`` (or their names, ``"same_step"``/``"next_step"``); else EnvError."""
+    if isinstance(mode, AutoresetMode) and mode in _AUTORESET_MODES.values():
+        return mode
+    if isinstance(mode, str) and mode.lower() in _AUTORESET_MODES:
+        return _AUTORESET_MODES[mode.lower()]
+    raise EnvError(
+        f"autoreset_mode={mode!r} is not supported; use AutoresetMode.SAME_STEP or AutoresetMode.NEXT_STEP "
+        "(or 'same_step' / 'next_step')"
+    )
+
+
+def _masked(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``values`` where ``mask``, zeros elsewhere: the layout of gymnasium's ``VectorEnv._add_info`` arrays."""
+    out = np.zeros_like(values)
+    out[mask] = values[mask]
+    return out
+
+
+class GymnasiumVectorEnv(gym.vector.VectorEnv):
+    """A ``gymnasium.vector.VectorEnv`` over a ``BatchedEnv`` (numpy in/out), in either of gymnasium's auto-reset
+    modes; ``info`` is laid out exactly as gymnasium's ``SyncVectorEnv`` lays it out in that mode (tested side by side).
+
+    ``autoreset_mode=AutoresetMode.SAME_STEP`` (the default; our own convention, no extra cost): where env i's episode
+    ended, ``obs[i]`` is already the next episode's first observation, ``info["final_obs"]`` is an object array holding
+    the ended episode's last observation at i (None elsewhere) with the mask ``info["_final_obs"]``, and
+    ``info["final_info"]`` holds that step's info of those envs (``episode_return``, ``episode_length``,
+    ``physics_reset``, ``x_position``, ...; each ``[N]`` with a ``_<key>`` mask True where done). The top-level info
+    entries are the step's info of the envs that did not end (mask ``~done``), as SyncVectorEnv's are.
+
+    ``autoreset_mode=AutoresetMode.NEXT_STEP`` (gymnasium's default, which its vector observation wrappers such as
+    ``NormalizeObservation`` require): where env i's episode ended, ``obs[i]`` is the episode's last observation; the
+    next ``step`` ignores env i's action and returns its new episode's first observation with reward 0 and both flags
+    False. The ``BatchedEnv`` resets an env in the step that ends its episode and steps every env in every call, so
+    here env i is stepped with the ignored action and then reset again on demand (``reset(env_mask=...)``): one extra
+    reset and one wasted env step per ended episode, and the ``BatchedEnv`` must support partial resets.
+
+    ``reset(options={"reset_mask": mask})`` resets only the envs where the numpy bool ``mask`` is True, as gymnasium's
+    vector envs do (the others continue bit for bit; ``BatchedEnv.reset(env_mask=...)``).
     """
 
-    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
-
-    def __init__(self, env: BatchedEnv) -> None:
+    def __init__(self, env: BatchedEnv, autoreset_mode: AutoresetMode | str = AutoresetMode.SAME_STEP) -> None:
         if not isinstance(env, BatchedEnv):
             raise EnvError(f"GymnasiumVectorEnv wraps a BatchedEnv (from sample_fast.envs.make), got {env!r}")
+        mode = check_autoreset_mode(autoreset_mode)
+        if mode == AutoresetMode.NEXT_STEP and type(env)._reset_envs is BatchedEnv._reset_envs:
+            raise EnvError(
+                f"autoreset_mode=NEXT_STEP needs per-env resets, which backend {env.backend!r} cannot do; "
+                "use autoreset_mode=AutoresetMode.SAME_STEP"
+            )
         self.env = env
+        self.autoreset_mode = mode
+        self.metadata = {"autoreset_mode": mode, "render_modes": []}
         self.num_envs = env.num_envs
         self.single_observation_space, self.single_action_space = gymnasium_spaces(env)
         self.observation_space = batch_space(self.single_observation_space, env.num_envs)
         self.action_space = batch_space(self.single_action_space, env.num_envs)
         self.render_mode = None
+        self._autoreset = np.zeros(env.num_envs, dtype=bool)  # NEXT_STEP: envs to restart at the next step
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Reset every env (``seed``: one int for the whole batch). ``options`` is accepted and ignored."""
+        """Reset every env (``seed``: one int for the whole batch), or with ``options={"reset_mask": mask}`` (numpy
+        bool ``[N]``, at least one True, as gymnasium requires) only the chosen ones. Other options are rejected."""
         seed = _check_seed(seed)
-        super().reset(seed=seed)
-        obs, info = self.env.reset(seed=seed)
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        if options:
+            raise EnvError(f"reset options {sorted(options)} are not supported; the only option is 'reset_mask'")
+        if mask is None:
+            super().reset(seed=seed)
+            obs, info = self.env.reset(seed=seed)
+            self._autoreset[:] = False
+            return _to_numpy(obs), {k: _to_numpy(v) for k, v in info.items()}
+        if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (self.num_envs,):
+            raise EnvError(
+                f"options['reset_mask'] must be a numpy bool array of shape ({self.num_envs},), got "
+                f"{type(mask).__name__} {getattr(mask, 'dtype', '')} {getattr(mask, 'shape', '')}"
+            )
+        if not mask.any():
+            raise EnvError("options['reset_mask'] must contain at least one True value (gymnasium's rule)")
+        if seed is not None:
+            raise EnvError("reset(seed=..., options={'reset_mask': ...}): the seed reseeds the whole batch; drop one")
+        obs, info = self.env.reset(env_mask=torch.from_numpy(mask.copy()))
+        self._autoreset[mask] = False
         return _to_numpy(obs), {k: _to_numpy(v) for k, v in info.items()}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with ``actions`` ``[N, *action_shape]`` (numpy or torch); see the class docstring."""
         res = self.env.step(_actions_to_torch(self.env, actions))
+        if self.autoreset_mode == AutoresetMode.NEXT_STEP:
+            return self._next_step(res)
         obs, reward = _to_numpy(res.obs), _to_numpy(res.reward)
         terminated, truncated = _to_numpy(res.terminated), _to_numpy(res.truncated)
         done = terminated | truncated
+        step_info = {k: _to_numpy(v) for k, v in res.info.items() if k != "final_obs"}
         info: dict[str, Any] = {}
-        for key, value in res.info.items():
-            if key in ("final_obs", "episode_return", "episode_length"):
-                continue
-            info[key], info[f"_{key}"] = _to_numpy(value), np.ones(self.num_envs, dtype=bool)
-        if done.any():
+        if done.any():  # SyncVectorEnv adds final_obs and final_info first, then the (reset) info of each env
             final = _to_numpy(res.info["final_obs"])
             final_obs = np.full(self.num_envs, None, dtype=object)
             for i in np.flatnonzero(done):
                 final_obs[i] = final[i]
             info["final_obs"], info["_final_obs"] = final_obs, done.copy()
-            info["final_info"] = {
-                "episode_return": _to_numpy(res.info["episode_return"]),
-                "_episode_return": done.copy(),
-                "episode_length": _to_numpy(res.info["episode_length"]),
-                "_episode_length": done.copy(),
-            }
-            info["_final_info"] = done.copy()
+            final_info: dict[str, Any] = {}
+            for key, value in step_info.items():
+                final_info[key], final_info[f"_{key}"] = _masked(value, done), done.copy()
+            info["final_info"], info["_final_info"] = final_info, done.copy()
+        running = ~done
+        if running.any():
+            for key, value in step_info.items():
+                info[key], info[f"_{key}"] = _masked(value, running), running.copy()
+        return obs, reward, terminated, truncated, info
+
+    def _next_step(self, res: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        restart = self._autoreset.copy()  # ended at the last step: their action now is ignored
+        obs = _to_numpy(res.info["final_obs"]).copy()  # the observation each transition reached
+        reward = _to_numpy(res.reward).copy()
+        terminated, truncated = _to_numpy(res.terminated).copy(), _to_numpy(res.truncated).copy()
+        stepped = ~restart
+        info: dict[str, Any] = {}
+        if stepped.any():
+            for key, value in res.info.items():
+                if key != "final_obs":
+                    info[key], info[f"_{key}"] = _masked(_to_numpy(value), stepped), stepped.copy()
+        if restart.any():
+            # The BatchedEnv reset these envs when their episode ended and has now stepped them once more: start
+            # them over, so what they return is a first observation, as gymnasium's NEXT_STEP reset would.
+            first, _ = self.env.reset(env_mask=torch.from_numpy(restart).to(self.env.device))
+            obs[restart] = _to_numpy(first)[restart]
+            reward[restart] = 0.0
+            terminated[restart] = False
+            truncated[restart] = False
+        self._autoreset = terminated | truncated
         return obs, reward, terminated, truncated, info
 
     def close_extras(self, **kwargs: Any) -> None:
@@ -196,7 +298,9 @@ def _make_torchrl_class() -> type:
         (our ``info["final_obs"]``), so ``("next", "observation")`` is the true next observation even at episode
         ends. The ``BatchedEnv`` has already reset those envs, so TorchRL's partial reset (a ``"_reset"`` mask on
         the envs that are done, as ``rollout`` and collectors send) just hands out the new episode's first
-        observation without simulating anything. A reset of every env (no mask, or all True) resets the batch.
+        observation without simulating anything. Envs in the mask whose episode is still running (TorchRL's
+        ``StepCounter(max_steps)``, a collector's ``max_frames_per_traj``) are reset on demand
+        (``BatchedEnv.reset(env_mask=...)``). A reset of every env (no mask) resets the batch.
         """
 
         def __init__(self, env: BatchedEnv) -> None:
@@ -227,19 +331,22 @@ def _make_torchrl_class() -> type:
             n = self.env.num_envs
             mask = None
             if tensordict is not None and "_reset" in tensordict.keys():
-                mask = tensordict.get("_reset").reshape(n).to(torch.bool)
-            if mask is None or self._obs is None or self._pending is None or bool((mask & ~self._pending).any()):
-                if mask is not None and self._obs is not None and not bool(mask.all()):
-                    bad = (mask & ~self._pending).nonzero().flatten().tolist()
-                    raise EnvError(
-                        f"TorchRLEnv cannot reset envs {bad[:10]} alone: a BatchedEnv resets an env only when its "
-                        "episode ends (or the whole batch on reset()); reset every env instead"
-                    )
+                mask = tensordict.get("_reset").reshape(n).to(device=self.env.device, dtype=torch.bool)
+            if mask is None or self._obs is None or self._pending is None:
                 obs, _ = self.env.reset(seed=self._seed)
                 self._seed = None
+                pending = torch.zeros(n, dtype=torch.bool, device=self.env.device)
             else:
-                obs = self._obs
-            self._obs, self._pending = obs, torch.zeros(n, dtype=torch.bool, device=self.env.device)
+                running = mask & ~self._pending  # envs whose episode goes on: reset them on demand
+                if bool(running.all()):  # every env: a plain reset of the batch
+                    obs, _ = self.env.reset(seed=self._seed)
+                    self._seed = None
+                elif bool(running.any()):  # e.g. StepCounter(max_steps), a collector's max_frames_per_traj
+                    obs, _ = self.env.reset(env_mask=running)
+                else:  # only envs the BatchedEnv already reset when their episode ended
+                    obs = self._obs
+                pending = self._pending & ~mask
+            self._obs, self._pending = obs, pending
             zeros = torch.zeros(n, 1, dtype=torch.bool, device=self.env.device)
             return TensorDict(
                 {"observation": obs, "done": zeros, "terminated": zeros.clone(), "truncated": zeros.clone()},
@@ -283,16 +390,117 @@ def _torchrl_box(bounded: type, unbounded: type, spec: Spec, n: int, device: tor
     return bounded(low=low, high=high, shape=shape, dtype=spec.dtype, device=device)
 
 
-_TORCHRL_CLASS: type | None = None
+# ----- Stable-Baselines3 --------------------------------------------------------------------------------------
+def _make_sb3_class() -> type:
+    try:
+        from stable_baselines3.common.vec_env import VecEnv
+    except ImportError as e:
+        raise EnvError(
+            f"SB3VecEnv needs stable-baselines3, which did not import ({e}); install with: "
+            "pip install stable-baselines3 (keep your torch: add --no-deps if pip wants another one)"
+        ) from None
+
+    class SB3VecEnv(VecEnv):
+        """A Stable-Baselines3 ``VecEnv`` over a ``BatchedEnv`` (numpy in/out), so ``PPO("MlpPolicy", SB3VecEnv(env))``
+        trains on our envs without ``DummyVecEnv`` or a hand-written wrapper.
+
+        ``step_wait`` returns ``(obs, rewards, dones, infos)`` as SB3's ``DummyVecEnv`` does: ``dones = terminated or
+        truncated``; where env i's episode ended, ``obs[i]`` is already the next episode's first observation,
+        ``infos[i]["terminal_observation"]`` the ended episode's last one and ``infos[i]["TimeLimit.truncated"]``
+        True when the episode was cut by the time limit and not terminated (SB3 then bootstraps from the terminal
+        observation; without the flag it would treat a truncation as a termination). ``infos[i]["episode"]``
+        (``{"r", "l", "t"}``, Monitor's layout, so ``rollout/ep_rew_mean`` is logged without ``VecMonitor``) comes
+        where an episode ended. Every other info entry of the ``BatchedEnv`` is passed through per env.
+
+        Seeding: ``seed(s)`` (SB3 gives env i the seed ``s + i``) seeds the batch at the next ``reset()`` with ``s``;
+        the batch gives each env its own stream (``seed + i`` on envpool/gymnasium/ale, ``SeedSequence(seed).spawn``
+        on mujoco, per-env keys on mjx), so no two envs are clones. Per-env seeds other than ``s + i`` cannot be
+        honoured (the batch is seeded as a whole) and raise ``EnvError``.
+        """
+
+        def __init__(self, env: BatchedEnv) -> None:
+            if not isinstance(env, BatchedEnv):
+                raise EnvError(f"SB3VecEnv wraps a BatchedEnv (from sample_fast.envs.make), got {env!r}")
+            self.env = env
+            self.render_mode = None
+            obs_space, act_space = gymnasium_spaces(env)
+            super().__init__(env.num_envs, obs_space, act_space)
+            self._actions: torch.Tensor | None = None
+            self._t0 = time.monotonic()
+
+        def reset(self) -> np.ndarray:
+            seeds = self._seeds
+            seed = None
+            if any(s is not None for s in seeds):
+                if seeds[0] is None or list(seeds) != [seeds[0] + i for i in range(self.num_envs)]:
+                    raise EnvError(
+                        f"per-env seeds {list(seeds)[:4]}...: the batch is seeded as a whole; use seed(s), which "
+                        "gives env i the seed s + i"
+                    )
+                seed = int(seeds[0])
+            obs, _ = self.env.reset(seed=seed)
+            self._reset_seeds()
+            self._reset_options()
+            self.reset_infos = [{} for _ in range(self.num_envs)]
+            return _to_numpy(obs)
+
+        def step_async(self, actions: np.ndarray) -> None:
+            self._actions = _actions_to_torch(self.env, actions)
+
+        def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+            if self._actions is None:
+                raise EnvError("step_wait() called without step_async(actions)")
+            res, self._actions = self.env.step(self._actions), None
+            obs, rewards = _to_numpy(res.obs), _to_numpy(res.reward)
+            terminated, truncated = _to_numpy(res.terminated), _to_numpy(res.truncated)
+            dones = terminated | truncated
+            time_outs = truncated & ~terminated
+            per_key = {k: _to_numpy(v) for k, v in res.info.items() if k != "final_obs"}
+            infos: list[dict[str, Any]] = [
+                {**{k: v[i] for k, v in per_key.items()}, "TimeLimit.truncated": bool(time_outs[i])}
+                for i in range(self.num_envs)
+            ]
+            if dones.any():
+                final = _to_numpy(res.info["final_obs"])
+                elapsed = round(time.monotonic() - self._t0, 6)
+                for i in np.flatnonzero(dones):
+                    infos[i]["terminal_observation"] = final[i].copy()
+                    infos[i]["episode"] = {
+                        "r": float(per_key["episode_return"][i]),
+                        "l": int(per_key["episode_length"][i]),
+                        "t": elapsed,
+                    }
+            return obs, rewards.copy(), dones, infos
+
+        def close(self) -> None:
+            self.env.close()
+
+        def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
+            return [getattr(self, attr_name) for _ in self._get_indices(indices)]
+
+        def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
+            raise EnvError(f"set_attr({attr_name!r}): the envs of a batch share their attributes; none can be set")
+
+        def env_method(self, method_name: str, *args: Any, indices: Any = None, **kwargs: Any) -> list[Any]:
+            raise EnvError(f"env_method({method_name!r}): a BatchedEnv has no per-env methods to call")
+
+        def env_is_wrapped(self, wrapper_class: type, indices: Any = None) -> list[bool]:
+            return [False for _ in self._get_indices(indices)]
+
+    return SB3VecEnv
+
+
+_LAZY_CLASSES: dict[str, type] = {}
+_LAZY_BUILDERS = {"TorchRLEnv": _make_torchrl_class, "SB3VecEnv": _make_sb3_class}
 
 
 def __getattr__(name: str) -> Any:
-    """``TorchRLEnv`` is built on first access, so importing this module does not import TorchRL (seconds)."""
-    global _TORCHRL_CLASS
-    if name == "TorchRLEnv":
-        if _TORCHRL_CLASS is None:
-            _TORCHRL_CLASS = _make_torchrl_class()
-        return _TORCHRL_CLASS
+    """``TorchRLEnv`` and ``SB3VecEnv`` are built on first access, so importing this module does not import TorchRL
+    (seconds) or Stable-Baselines3 (an optional dependency)."""
+    if name in _LAZY_BUILDERS:
+        if name not in _LAZY_CLASSES:
+            _LAZY_CLASSES[name] = _LAZY_BUILDERS[name]()
+        return _LAZY_CLASSES[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -300,17 +508,20 @@ def __getattr__(name: str) -> Any:
 class VecTaskEnv:
     """Isaac Gym's ``VecTask`` interface over a ``BatchedEnv``, so rl_games-style training code can drive it.
 
-    Buffers (device tensors, updated in place every step): ``obs_buf`` ``[N, num_obs]`` float32, ``rew_buf``
-    ``[N]`` float32, ``reset_buf`` ``[N]`` int64 (1 where the episode ended in this step), ``progress_buf`` ``[N]``
-    int64 (steps into the current episode), ``timeout_buf`` ``[N]`` int64.
-    ``step(actions)`` returns ``({"obs": obs_buf}, rew_buf, reset_buf, extras)`` with ``extras["time_outs"]``
-    (bool ``[N]``: the episode was cut by the time limit and not terminated, rl_games' bootstrap flag),
-    ``extras["terminated"]``, ``extras["final_obs"]`` (true next observation, for exact bootstrapping) and
-    ``extras["episode_return"]``/``extras["episode_length"]``.
+    Buffers (device tensors, updated in place every step, as IsaacGymEnvs keeps them): ``obs_buf``
+    ``[N, num_obs]`` float32, ``rew_buf`` ``[N]`` float32, ``reset_buf`` ``[N]`` int64 (1 where the episode ended in
+    this step), ``progress_buf`` ``[N]`` int64 (steps into the current episode), ``timeout_buf`` ``[N]`` int64.
+    ``step(actions)`` returns ``({"obs": obs}, rewards, dones, extras)``: FRESH tensors that later steps never
+    overwrite (IsaacGymEnvs hands out ``torch.clamp(obs_buf, ...)``, a new tensor, each step; libraries such as skrl
+    store the returned tensors as the transition's state), equal to the buffers at return time. ``extras`` holds
+    ``time_outs`` (bool ``[N]``: the episode was cut by the time limit and not terminated, rl_games' bootstrap
+    flag), ``terminated``, ``final_obs`` (true next observation, for exact bootstrapping) and
+    ``episode_return``/``episode_length``.
 
     Reset timing differs from IsaacGymEnvs' tasks (which reset done envs at the start of the next step): here an
-    env is reset in the step that ends its episode, so ``obs_buf`` rows with ``reset_buf == 1`` already hold the
-    next episode's first observation. ``clip_actions`` clamps actions to ``[-clip, clip]`` like ``VecTask``.
+    env is reset in the step that ends its episode, so returned rows with ``dones == 1`` already hold the next
+    episode's first observation. ``clip_actions`` clamps actions to ``[-clip, clip]`` like ``VecTask``.
+    ``reset_idx(env_ids)`` resets chosen envs on demand (``BatchedEnv.reset(env_mask=...)``).
     """
 
     def __init__(self, env: BatchedEnv, clip_actions: float = float("inf"), clip_obs: float = float("inf")) -> None:
@@ -342,34 +553,51 @@ class VecTaskEnv:
         self._act_lo = None if env.action_spec.low is None else env.action_spec.low.to(dev)
         self._act_hi = None if env.action_spec.high is None else env.action_spec.high.to(dev)
 
+    def _clip_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.clamp(-self.clip_obs, self.clip_obs)  # a new tensor, as IsaacGymEnvs' torch.clamp
+
     def reset(self) -> dict[str, torch.Tensor]:
-        """Reset every env; returns ``{"obs": obs_buf}``."""
+        """Reset every env; returns ``{"obs": obs}`` (a fresh tensor equal to ``obs_buf``)."""
         obs, _ = self.env.reset()
-        self.obs_buf.copy_(obs.clamp(-self.clip_obs, self.clip_obs))
+        obs = self._clip_obs(obs)
+        self.obs_buf.copy_(obs)
         self.reset_buf.zero_()
         self.progress_buf.zero_()
-        return {"obs": self.obs_buf}
+        return {"obs": obs}
+
+    def reset_idx(self, env_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Reset the envs ``env_ids`` (int tensor) on demand, the others continue; returns ``{"obs": obs}``."""
+        mask = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        mask[torch.as_tensor(env_ids, device=self.device).long()] = True
+        obs, _ = self.env.reset(env_mask=mask)
+        obs = self._clip_obs(obs)
+        self.obs_buf.copy_(obs)
+        self.progress_buf.masked_fill_(mask, 0)
+        return {"obs": obs}
 
     def step(self, actions: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, dict]:
-        """Step every env with ``actions`` ``[N, num_actions]`` (clamped to ``clip_actions`` and the action box)."""
+        """Step every env with ``actions`` ``[N, num_actions]`` (clamped to ``clip_actions`` and the action box).
+        Every returned tensor is fresh (see the class docstring)."""
         a = actions.to(device=self.device, dtype=torch.float32).clamp(-self.clip_actions, self.clip_actions)
         if self._act_lo is not None and self._act_hi is not None:
             a = torch.maximum(torch.minimum(a, self._act_hi), self._act_lo)
         res = self.env.step(a)
         done = res.terminated | res.truncated
-        self.obs_buf.copy_(res.obs.clamp(-self.clip_obs, self.clip_obs))
+        obs = self._clip_obs(res.obs)
+        time_outs = res.truncated & ~res.terminated
+        self.obs_buf.copy_(obs)
         self.rew_buf.copy_(res.reward)
         self.reset_buf.copy_(done)
-        self.timeout_buf.copy_(res.truncated & ~res.terminated)
+        self.timeout_buf.copy_(time_outs)
         self.progress_buf.add_(1).masked_fill_(done, 0)
         self.extras = {
-            "time_outs": self.timeout_buf.to(torch.bool),
-            "terminated": res.terminated,
-            "final_obs": res.info["final_obs"],
-            "episode_return": res.info["episode_return"],
-            "episode_length": res.info["episode_length"],
+            "time_outs": time_outs,
+            "terminated": res.terminated.clone(),
+            "final_obs": res.info["final_obs"].clone(),
+            "episode_return": res.info["episode_return"].clone(),
+            "episode_length": res.info["episode_length"].clone(),
         }
-        return {"obs": self.obs_buf}, self.rew_buf, self.reset_buf, self.extras
+        return {"obs": obs}, self.rew_buf.clone(), self.reset_buf.clone(), self.extras
 
     def get_env_info(self) -> dict[str, Any]:
         """What rl_games' ``vecenv`` asks an env for."""

@@ -124,7 +124,26 @@ class AleEnv(AtariEnvBase):
         self._lives[:] = info["lives"]
         self._tracker.reset()
         self._needs_reset = False
-        return self._to_torch(obs, torch.uint8), {"lives": self._to_torch(self._lives, torch.int64)}
+        self._last_obs_t = self._to_torch(obs, torch.uint8)
+        return self._last_obs_t.clone(), {"lives": self._to_torch(self._lives, torch.int64)}
+
+    def _reset_envs(self, env_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        # ale-py's own partial reset (reset_mask; each chosen env continues its RNG); the others are untouched.
+        mask = env_mask.cpu().numpy()
+        ids = np.flatnonzero(mask)
+        if ids.size:
+            obs, info = self._pool.reset(options={"reset_mask": mask})  # SYNC
+            if self._rgb_pool is not None:
+                rgb = self._rgb_pool.reset(options={"reset_mask": mask})[0][:, 0]
+                self._rgb[ids] = rgb[ids]
+            fresh = np.array(obs[ids], copy=True)
+            fresh[:, : STACK_NUM - 1] = fresh[:, STACK_NUM - 1 : STACK_NUM]  # 0 steps into their games
+            self._steps[ids] = 0
+            self._frames[ids] = info["episode_frame_number"][ids]
+            self._lives[ids] = info["lives"][ids]
+        else:
+            fresh = np.zeros((0, *self.observation_spec.shape), dtype=np.uint8)
+        return self._partial_output(env_mask, ids, fresh, self._lives)
 
     def _send(self, actions: torch.Tensor) -> None:
         host = self._send_actions(actions, np.int64)

@@ -209,4 +209,20 @@ class AtariEnvBase(BatchedEnv):
             "lives": self._to_torch(lives, torch.int64),
         }
         self._tracker.update(reward_t, terminated_t | truncated_t, info)
+        # For reset(env_mask=...): the rows of the envs it does not reset. A reference, not a 28 KB-per-env copy per
+        # step (the caller owns this fresh tensor; frames are not modified in place by any client we know of).
+        self._last_obs_t = obs_t
         return StepResult(obs_t, reward_t, terminated_t, truncated_t, info)
+
+    _last_obs_t: torch.Tensor | None = None
+
+    def _partial_output(
+        self, env_mask: torch.Tensor, ids: np.ndarray, reset_obs: np.ndarray, lives: np.ndarray
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The result of ``reset(env_mask=...)``: the last obs with rows ``ids`` replaced by ``reset_obs``."""
+        obs = self._last_obs_t.clone()
+        if ids.size:
+            obs[torch.as_tensor(ids, dtype=torch.int64, device=self.device)] = self._to_torch(reset_obs, torch.uint8)
+            self._tracker.reset(env_mask)
+        self._last_obs_t = obs
+        return obs.clone(), {"lives": self._to_torch(lives, torch.int64)}

@@ -20,6 +20,13 @@ Auto-reset convention (the same for every backend; adapters convert theirs to it
   and length where ``done[i]``, and 0 elsewhere.
 * ``info["physics_reset"][i]`` is True when env i's physics produced a non-finite state; that env is reset, the
   step is reported as ``terminated`` and its ``final_obs`` row is zeros (observations never carry NaN).
+
+Per-env reset on demand: ``reset(env_mask=mask)`` (``mask`` a bool tensor ``[N]``) resets only the chosen envs
+(curricula, evaluation, TorchRL's ``StepCounter``, gymnasium's ``reset_mask``) and returns the full obs ``[N, ...]``:
+the chosen rows are their new episodes' first observations, the other rows the observations the last step (or
+reset) returned, and the other envs continue bit for bit as if nothing had happened (their physics, random streams,
+step counters and episode statistics are untouched). The chosen envs' time limit and episode statistics restart.
+A backend implements it in ``_reset_envs``; one that cannot raises ``EnvError`` saying so (never a full reset).
 """
 
 from __future__ import annotations
@@ -128,9 +135,14 @@ class EpisodeTracker:
         self.returns = torch.zeros(self.num_envs, dtype=torch.float32, device=self.device)
         self.lengths = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
 
-    def reset(self) -> None:
-        self.returns.zero_()
-        self.lengths.zero_()
+    def reset(self, env_mask: torch.Tensor | None = None) -> None:
+        """Restart every env's statistics, or only those of the envs where ``env_mask`` (bool ``[N]``) is True."""
+        if env_mask is None:
+            self.returns.zero_()
+            self.lengths.zero_()
+        else:
+            self.returns.masked_fill_(env_mask, 0.0)
+            self.lengths.masked_fill_(env_mask, 0)
 
     def update(self, reward: torch.Tensor, done: torch.Tensor, info: dict[str, Any]) -> None:
         """Accumulate one step; write ``episode_return``/``episode_length`` into ``info`` and restart done envs."""
@@ -181,6 +193,7 @@ class BatchedEnv(abc.ABC):
 
     _pending: torch.Tensor | None = None
     _closed: bool = False
+    _was_reset: bool = False  # reset() ran at least once (a partial reset needs a running batch)
 
     @property
     def truncation_limit(self) -> int | None:
@@ -189,11 +202,47 @@ class BatchedEnv(abc.ABC):
         return self.max_episode_steps if self.truncates_only_at_time_limit else None
 
     # ----- public API -------------------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Reset every env. Returns obs ``[N, *obs_shape]`` and an info dict. ``seed`` reseeds the batch."""
+    def reset(
+        self, seed: int | None = None, *, env_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Reset every env, or with ``env_mask`` only the chosen ones. Returns obs ``[N, *obs_shape]`` and an info dict.
+
+        Args:
+            seed: reseeds the whole batch (only without ``env_mask``).
+            env_mask: bool tensor ``[N]`` on any device: reset only the envs where it is True; the others continue
+                bit for bit and their rows of the returned obs are the ones the last step (or reset) returned.
+                Raises ``EnvError`` on a backend that cannot reset chosen envs (never a silent full reset).
+        """
         self._check_open()
-        self._pending = None
-        return self._reset(seed)
+        if env_mask is None:
+            self._pending = None
+            obs_info = self._reset(seed)
+            self._was_reset = True
+            return obs_info
+        mask = self._check_env_mask(env_mask)
+        if seed is not None:
+            raise EnvError(
+                "reset(seed=..., env_mask=...): a seed reseeds the whole batch; reset the chosen envs without a seed "
+                "(each continues its own random stream), or call reset(seed=...) without env_mask"
+            )
+        if self._pending is not None:
+            raise EnvError("reset(env_mask=...) called between send() and recv(); call recv() first")
+        if not self._was_reset:
+            raise EnvError("reset(env_mask=...) before the first reset(); call reset() once first")
+        return self._reset_envs(mask)
+
+    def _check_env_mask(self, env_mask: Any) -> torch.Tensor:
+        if not isinstance(env_mask, torch.Tensor):
+            raise EnvError(
+                f"env_mask must be a bool torch.Tensor of shape ({self.num_envs},), got {type(env_mask).__name__}"
+                " (use torch.as_tensor(mask, dtype=torch.bool))"
+            )
+        if env_mask.dtype != torch.bool or tuple(env_mask.shape) != (self.num_envs,):
+            raise EnvError(
+                f"env_mask must be a bool tensor of shape ({self.num_envs},); got dtype {env_mask.dtype}, shape "
+                f"{tuple(env_mask.shape)} (one True per env to reset)"
+            )
+        return env_mask.to(self.device)
 
     def step(self, actions: torch.Tensor) -> StepResult:
         """Step every env with ``actions`` ``[N, *action_shape]`` (see ``action_spec``)."""
@@ -273,6 +322,16 @@ class BatchedEnv(abc.ABC):
     # ----- backend hooks ---------------------------------------------------------------------------------
     @abc.abstractmethod
     def _reset(self, seed: int | None) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+    def _reset_envs(self, env_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Reset the envs where ``env_mask`` (bool ``[N]`` on the env's device, checked) is True, leaving the others
+        bit for bit as they are; return the full obs ``[N, *obs_shape]`` and an info dict. Backends that can
+        override this; the default refuses (a full reset instead would silently restart every episode)."""
+        raise EnvError(
+            f"backend {self.backend!r} ({type(self).__name__}) cannot reset chosen envs (reset(env_mask=...)); "
+            "reset the whole batch with reset(), or use a backend that can "
+            "(mujoco, mjx, warp, toy, gymnasium, envpool, ale)"
+        )
 
     def _send(self, actions: torch.Tensor) -> None:  # noqa: B027 (optional hook, default no-op)
         """Default: nothing happens until ``_recv``."""

@@ -92,7 +92,21 @@ class EnvPoolAtariEnv(AtariEnvBase):
         self._lives[:] = info["lives"]
         self._tracker.reset()
         self._needs_reset = False
-        return self._to_torch(obs, torch.uint8), {"lives": self._to_torch(self._lives, torch.int64)}
+        self._last_obs_t = self._to_torch(obs, torch.uint8)
+        return self._last_obs_t.clone(), {"lives": self._to_torch(self._lives, torch.int64)}
+
+    def _reset_envs(self, env_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        # EnvPool resets envs by id (each has its own seed and emulator); the others are untouched.
+        ids = np.flatnonzero(env_mask.cpu().numpy()).astype(np.int32)
+        fresh = np.zeros((0, *self.observation_spec.shape), dtype=np.uint8)
+        if ids.size:
+            self._fresh = False
+            reset_obs, info = self._pool.reset(ids)  # SYNC
+            order = np.asarray(info["env_id"], dtype=np.int64)
+            fresh = np.array(reset_obs, copy=True)
+            ids = order
+            self._lives[order] = info["lives"]
+        return self._partial_output(env_mask, ids, fresh, self._lives)
 
     def _send(self, actions: torch.Tensor) -> None:
         host = self._send_actions(actions, np.int32)

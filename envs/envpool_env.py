@@ -176,7 +176,17 @@ class EnvPoolEnv(BatchedEnv):
             self._build_pool(seed)  # EnvPool seeds only at construction
         obs, _ = self._pool.reset(self._all_ids)
         self._tracker.reset()
+        self._last_obs = np.array(obs, dtype=np.float32)  # a copy: for reset(env_mask=...)
         return self._to_torch(obs, torch.float32), {}
+
+    def _reset_envs(self, env_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        # EnvPool resets envs by id; each env has its own seed and state, so the others are untouched.
+        ids = np.flatnonzero(env_mask.cpu().numpy()).astype(np.int32)
+        if ids.size:
+            reset_obs, reset_info = self._pool.reset(ids)  # SYNC
+            self._last_obs[reset_info["env_id"]] = reset_obs
+            self._tracker.reset(env_mask)
+        return self._to_torch(self._last_obs, torch.float32), {}
 
     def _send(self, actions: torch.Tensor) -> None:
         # PERF: returns once EnvPool has queued the actions; its threads simulate while the caller works.
@@ -210,6 +220,7 @@ class EnvPoolEnv(BatchedEnv):
             obs = final_obs.copy()
             obs[reset_info["env_id"]] = reset_obs
         obs_t = self._to_torch(obs, torch.float32)
+        self._last_obs = np.array(obs, dtype=np.float32)
         info_out: dict[str, Any] = {
             "final_obs": obs_t.clone() if final_obs is obs else self._to_torch(final_obs, torch.float32),
             "physics_reset": self._to_torch(bad, torch.bool) if physics_reset else self._no_physics_reset.clone(),

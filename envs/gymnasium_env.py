@@ -195,7 +195,19 @@ class GymnasiumEnv(BatchedEnv):
             seed, self._seed = self._seed, None  # the constructor's seed applies to the first reset only
         obs, _ = self._vec.reset(seed=seed)
         self._tracker.reset()
-        return self._obs_tensor(obs), {}
+        self._last_obs = self._obs_tensor(obs)  # kept for an all-False reset(env_mask=...)
+        return self._last_obs.clone(), {}
+
+    def _reset_envs(self, env_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        # gymnasium's own partial reset (SyncVectorEnv and AsyncVectorEnv): each chosen env continues its own random
+        # stream (no seed), the others keep their state, and the returned batch holds their last observations.
+        mask = env_mask.cpu().numpy()
+        if not mask.any():  # gymnasium rejects an all-False reset_mask; nothing to reset
+            return self._last_obs.clone(), {}
+        obs, _ = self._vec.reset(options={"reset_mask": mask})
+        self._tracker.reset(env_mask)
+        self._last_obs = self._obs_tensor(obs)
+        return self._last_obs.clone(), {}
 
     def _send(self, actions: torch.Tensor) -> None:
         if self.vectorization == "async":  # the worker processes step while the caller works
@@ -224,6 +236,7 @@ class GymnasiumEnv(BatchedEnv):
             "physics_reset": self._no_physics_reset.clone(),
         }
         self._tracker.update(reward_t, terminated_t | truncated_t, info)
+        self._last_obs = obs_t.clone()
         return StepResult(obs_t, reward_t, terminated_t, truncated_t, info)
 
     def _close(self) -> None:

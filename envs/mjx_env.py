@@ -182,6 +182,7 @@ class MjxEnv(BatchedEnv):
         self._seed = int(seed)
         self._state: EnvState | None = None
         self._out: StepOut | None = None
+        self._last_obs: jax.Array | None = None  # the obs the last step or reset returned (an immutable JAX array)
         self._build_programs()
 
     # ----- set-up ---------------------------------------------------------------------------------------
@@ -307,6 +308,19 @@ class MjxEnv(BatchedEnv):
             new_state = EnvState(new_data, keys, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length))
             return new_state, out
 
+        def reset_some(state: EnvState, mx: Any, obs: jax.Array, mask: jax.Array) -> tuple[EnvState, jax.Array]:
+            # Only the chosen envs' keys advance, so the others' future reset draws are the same as without it.
+            next_keys, sub = _split_keys(state.keys)
+            fresh, fresh_obs = jax.vmap(reset_one, in_axes=(mx_axes, 0))(mx, sub)
+            new_state = EnvState(
+                where_rows(mask, fresh, state.data),
+                jnp.where(mask[:, None], next_keys, state.keys),
+                jnp.where(mask, 0.0, state.ep_return),
+                jnp.where(mask, 0, state.ep_length),
+            )
+            return new_state, jnp.where(mask[:, None], fresh_obs, obs)
+
+        self._reset_some = jax.jit(reset_some, donate_argnums=(0,))  # compiled on the first reset(env_mask=...)
         level = opts["xla_opt_level"]
         compiler_options = None if level is None else {"xla_backend_optimization_level": int(level)}
         t0 = time.perf_counter()
@@ -328,6 +342,16 @@ class MjxEnv(BatchedEnv):
             keys = self._state.keys
         self._state, obs = self._reset_fn(self._mx, keys)
         jax.block_until_ready(obs)  # SYNC: reset is rare; hand torch a finished buffer
+        self._last_obs = obs
+        return _to_torch(obs), {}
+
+    def _reset_envs(self, env_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        mask = jax.device_put(jnp.asarray(env_mask.cpu().numpy()), self.jax_device)  # SYNC: a rare, small copy
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            self._state, obs = self._reset_some(self._state, self._mx, self._last_obs, mask)
+        jax.block_until_ready(obs)
+        self._last_obs = obs
         return _to_torch(obs), {}
 
     def _send(self, actions: torch.Tensor) -> None:
@@ -344,6 +368,7 @@ class MjxEnv(BatchedEnv):
     def _recv(self, actions: torch.Tensor) -> StepResult:
         out, self._out = self._out, None
         jax.block_until_ready(out)  # SYNC: the one wait per step
+        self._last_obs = out.obs  # for reset(env_mask=...): the rows of the envs that are not reset
         info = {
             "final_obs": _to_torch(out.final_obs),
             "episode_return": _to_torch(out.episode_return),
@@ -357,6 +382,7 @@ class MjxEnv(BatchedEnv):
     def _close(self) -> None:
         self._state = None
         self._out = None
+        self._last_obs = None
 
     def physics_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(qpos [N, nq], qvel [N, nv])`` of every env now, in the env's precision (copies; for tests/debugging)."""

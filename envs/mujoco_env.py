@@ -339,6 +339,7 @@ class MujocoEnv(BatchedEnv):
         # the critical path right after the physics, the numpy equivalents a fraction of that.
         self._returns = np.zeros(num_envs, dtype=np.float32)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
+        self._last_obs = np.zeros((num_envs, obs_size), dtype=np.float32)  # what the last step/reset returned as obs
         self._needs_reset = True
 
         self._shared = _Shared(self)
@@ -397,7 +398,28 @@ class MujocoEnv(BatchedEnv):
         self._returns[:] = 0
         self._lengths[:] = 0
         self._needs_reset = False
+        self._last_obs[...] = sh.reset_obs
         return self._to_device(sh.reset_obs.copy()), {}
+
+    def _reset_envs(self, env_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Reset the chosen envs from their prepared resets (each env's own generator, so the others' states and
+        random streams are untouched) and restart their time limits and episode statistics."""
+        if self._broken:
+            raise EnvError(self._broken)
+        if self._in_flight:
+            self._wait_workers()
+        idx = np.flatnonzero(env_mask.cpu().numpy())  # SYNC: the mask to the host (a partial reset is rare)
+        sh, helper = self._shared, self._workers[-1]
+        for i in idx[sh.stale[idx]]:
+            helper.prepare_reset(int(i))
+        if idx.size:
+            self._apply_resets(idx)
+            self._position[idx] = sh.reset_position[idx]
+            self._last_obs[idx] = sh.reset_obs[idx]
+            self._elapsed[idx] = 0
+            self._returns[idx] = 0.0
+            self._lengths[idx] = 0
+        return self._to_device(self._last_obs.copy()), {}
 
     def set_state(self, env_idx: int, qpos: np.ndarray, qvel: np.ndarray) -> torch.Tensor:
         """Put env ``env_idx`` in state (``qpos`` [nq], ``qvel`` [nv]) exactly as gymnasium's ``reset`` followed by
@@ -587,6 +609,7 @@ class MujocoEnv(BatchedEnv):
             self._returns[done_idx] = 0.0
             self._lengths[done_idx] = 0
         self._position = position
+        np.copyto(self._last_obs, obs)  # for reset(env_mask=...): the rows of the envs that are not reset
         if tensors is None:  # another device: one copy per packed array
             tensors = _unpack(tuple(torch.from_numpy(a).to(self.device) for a in (obs2, f32, flags, episode_length)))
         (final_obs_t, obs_t, reward_t, x_position_t, x_velocity_t, episode_return_t, terminated_t, truncated_t, bad_t,

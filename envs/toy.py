@@ -143,16 +143,20 @@ class ToyEnv(BatchedEnv):
         self._t = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
         self._state = self._draw_state()  # target [N, dim] (continuous) or state [N] (discrete)
         self._gen.manual_seed(seed)  # so that reset() and reset(seed=seed) start the same stream
+        # Partial resets (reset(env_mask=...)) draw from their own stream, so the other envs' states (drawn from
+        # ``_gen`` every step for the whole batch) continue bit for bit.
+        self._mask_gen = torch.Generator(device=self.device)
+        self._mask_gen.manual_seed(_mask_seed(seed))
         self._tracker = EpisodeTracker(num_envs, self.device)
 
     # ----- helpers --------------------------------------------------------------------------------------------
-    def _draw_state(self) -> torch.Tensor:
-        n = self.num_envs
+    def _draw_state(self, gen: torch.Generator | None = None) -> torch.Tensor:
+        n, gen = self.num_envs, self._gen if gen is None else gen
         if self.kind == "continuous":
-            return torch.rand(n, self.dim, generator=self._gen, device=self.device) * 2.0 - 1.0
+            return torch.rand(n, self.dim, generator=gen, device=self.device) * 2.0 - 1.0
         if self.kind == "image":  # [N, 2]: the bright pixel's (row, column)
-            return torch.randint(0, self.image_size, (n, 2), generator=self._gen, device=self.device)
-        return torch.randint(0, self.num_states, (n,), generator=self._gen, device=self.device)
+            return torch.randint(0, self.image_size, (n, 2), generator=gen, device=self.device)
+        return torch.randint(0, self.num_states, (n,), generator=gen, device=self.device)
 
     def _observe(self, state: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if self.kind == "image":
@@ -170,9 +174,18 @@ class ToyEnv(BatchedEnv):
     def _reset(self, seed: int | None) -> tuple[torch.Tensor, dict[str, Any]]:
         if seed is not None:
             self._gen.manual_seed(seed)
+            self._mask_gen.manual_seed(_mask_seed(seed))
         self._t.zero_()
         self._state = self._draw_state()
         self._tracker.reset()
+        return self._observe(self._state, self._t), {}
+
+    def _reset_envs(self, env_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        fresh = self._draw_state(self._mask_gen)
+        mask = env_mask.unsqueeze(-1) if self._state.ndim == 2 else env_mask
+        self._state = torch.where(mask, fresh, self._state)
+        self._t.masked_fill_(env_mask, 0)
+        self._tracker.reset(env_mask)
         return self._observe(self._state, self._t), {}
 
     def _step(self, actions: torch.Tensor) -> StepResult:
@@ -209,3 +222,8 @@ class ToyEnv(BatchedEnv):
         }
         self._tracker.update(reward, done, info)
         return StepResult(obs, reward, terminated, truncated, info)
+
+
+def _mask_seed(seed: int) -> int:
+    """The seed of the partial-reset stream, apart from the step stream's ``seed``."""
+    return (int(seed) * 1_000_003 + 0x5EED) % (2**63)

@@ -62,12 +62,16 @@ def _dataclass_of(f: dataclasses.Field) -> type | None:
 def nearest_key(full_key: str) -> str | None:
     """The valid key nearest to ``full_key`` (difflib on the last part of the name): in the same section when one
     is close (``learner.num_minibatchs`` -> ``learner.num_minibatches``), else the same or a close name in another
-    section (``learner.rollout_len`` -> ``sampler.rollout_len``); None when nothing is close."""
+    section (``learner.rollout_len`` -> ``sampler.rollout_len``), or the section's key a flat name spells
+    (``learner.replay_ratio`` -> ``replay.ratio``); None when nothing is close."""
     section, _, name = full_key.rpartition(".")
     best, best_score = None, 0.7
     for key in schema_keys():
         key_section, _, key_name = key.rpartition(".")
         score = difflib.SequenceMatcher(None, name, key_name).ratio() + (0.1 if key_section == section else 0.0)
+        if key_section:  # a flat old spelling of a sectioned key: learner.replay_ratio -> replay.ratio
+            flat = f"{key_section.replace('.', '_')}_{key_name}"
+            score = max(score, difflib.SequenceMatcher(None, name, flat).ratio())
         if score > best_score:
             best, best_score = key, score
     return best
@@ -117,7 +121,7 @@ def _override_for(full_key: str, overrides: list[str]) -> str | None:
 def check_ranges(cfg: TrainConfig) -> None:
     """A NaN anywhere, or a learner/policy number float32 cannot hold (``learner.lr=1e39``: today an overflow
     traceback deep in the optimizer), is a ConfigError naming the key and the preset's value."""
-    for section in ("learner", "policy", "run", "sampler", "logging"):
+    for section in ("learner", "policy", "replay", "run", "sampler", "runner", "logging"):
         obj = getattr(cfg, section)
         for f in dataclasses.fields(obj):
             v = getattr(obj, f.name)

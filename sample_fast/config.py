@@ -4,7 +4,8 @@ Owns the root ``TrainConfig`` (registered in Hydra's ConfigStore as ``train_sche
 (``EnvConfig``, ``RunConfig``, ``LogConfig``) and ``resolve()``, which fills every ``auto`` value for the machine it
 runs on (backend, device, mode, num_envs, threads) and rejects inconsistent settings with a ``ConfigError`` that says
 what to change -- before any process starts or any file is written. Component sections (``PolicyConfig``,
-``LearnerConfig``, ``SamplerConfig``) are defined by their components and only composed here.
+``LearnerConfig``, ``ReplayConfig``, ``SamplerConfig``, ``RunnerConfig``) are defined by their components and
+only composed here.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .distributed import DistributedConfig
 from .envs.atari import is_atari_name
 from .learner import LearnerConfig
 from .policy import PolicyConfig
+from .replay_config import ReplayConfig
+from .runner import RunnerConfig
 from .sampler import SamplerConfig
 
 __all__ = [
@@ -64,10 +67,11 @@ class EnvConfig:
     #: a task (ant, halfcheetah, hopper, walker2d, humanoid), toy, gymnasium:<id>, gymnasium:<module>:<id>, or an
     #: Atari game <Game>-v5 (Pong-v5, Breakout-v5, SpaceInvaders-v5, ...)
     name: str = MISSING
-    #: auto (MuJoCo tasks: mujoco on CPU, mjx with CUDA; Atari: envpool if installed, else ale), mujoco, mjx,
-    #: envpool, ale, gymnasium, toy
+    #: auto (MuJoCo tasks: mujoco on CPU; with CUDA warp when it imports, else mjx; Atari: envpool if installed,
+    #: else ale), mujoco, mjx, warp, envpool, ale, gymnasium, toy
     backend: str = "auto"
-    device: str = "auto"  #: where env tensors live: auto (cuda for mjx when available, else cpu), cpu, cuda[:i]
+    #: where env tensors live: auto (cuda for mjx/warp when available, else cpu), cpu, cuda[:i]
+    device: str = "auto"
     num_envs: int = 0  #: parallel envs in total; 0 = fitted to the machine (see resolve)
     num_threads: int = 0  #: simulator threads (mujoco backend); 0 = fitted to the cores
     #: task and backend options, e.g. {max_episode_steps: 500}; checked by the backend's own check_options in resolve
@@ -117,14 +121,18 @@ class DebugConfig:
 
 @dataclass
 class TrainConfig:
-    """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, logging, distributed."""
+    """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, runner, replay, logging,
+    distributed."""
 
     algo: str = "appo"  #: the algorithm (APPO with V-trace targets); the algo group sets learner/policy values
     restart: bool = False  #: start over in an existing run dir (the old one is moved aside, never deleted)
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    #: prioritized trajectory replay (sample_fast.replay, docs/replay.md); off unless replay.ratio > 0
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
     run: RunConfig = field(default_factory=RunConfig)
     logging: LogConfig = field(default_factory=LogConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
@@ -228,14 +236,14 @@ def _check_env(env: EnvConfig, cuda: bool) -> tuple[str, str]:
         raise ConfigError(f"env.backend={env.backend!r} is unknown; choose one of: auto, {', '.join(BACKENDS)}")
     _check_device("env.device", env.device, cuda)
     if env.device == "auto":
-        device = "cuda" if (cuda and env.backend in ("auto", "mjx") and env.name in TASKS) else "cpu"
+        device = "cuda" if (cuda and env.backend in ("auto", "mjx", "warp") and env.name in TASKS) else "cpu"
     else:
         device = env.device
     try:
         backend = resolve_backend(env.name, env.backend, torch.device(device))
     except EnvError as e:
         raise ConfigError(f"env.backend: {e}") from None
-    if backend == "mjx" and env.device == "auto" and not cuda:
+    if backend in ("mjx", "warp") and env.device == "auto" and not cuda:
         device = "cpu"
     if "model_params" in env.options:
         raise ConfigError(
@@ -339,6 +347,16 @@ def _fit_distributed(cfg: TrainConfig, launch: Any) -> None:
         )
 
 
+def _check_replay(replay: ReplayConfig, columns: int) -> None:
+    """Replayed segments are ``[T, replay.segment_envs]`` column chunks of a batch of ``columns`` env columns."""
+    if replay.ratio and replay.segment_envs > 0 and columns % replay.segment_envs:
+        near = min((d for d in range(1, columns + 1) if columns % d == 0), key=lambda d: abs(d - replay.segment_envs))
+        raise ConfigError(
+            f"replay.segment_envs={replay.segment_envs} must divide the batch's {columns} env columns "
+            f"(env.num_envs/sampler.num_splits); try replay.segment_envs={near}"
+        )
+
+
 # ----- resolve ---------------------------------------------------------------------------------------------------
 def resolve(
     cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: bool | None = None, environ: Any = None
@@ -349,7 +367,8 @@ def resolve(
     process and writes no file. ``num_cores``/``cuda`` default to this machine (tests pass others).
 
     Derived values:
-      * env.backend/env.device: mujoco on the CPU, mjx on CUDA (``sample_fast.envs.resolve_backend``).
+      * env.backend/env.device: mujoco on the CPU; on CUDA warp when it imports, else mjx
+        (``sample_fast.envs.resolve_backend``).
       * run.mode: serial when the simulator runs on the GPU (sim, inference and learning share the device), async
         otherwise (the sampler process simulates while the learner trains).
       * env.num_envs: 4096 on the GPU; on the CPU 64 per core (enough for each mujoco thread to amortise the
@@ -357,7 +376,7 @@ def resolve(
         CPU whatever the devices): 16 per core with the learner on the CPU, where the CNN, not the emulator, sets
         the pace (design.md section 6: ~0.25 ms per agent step against ~0.5 ms per sample to train), 32 per core
         with the learner on CUDA, where the emulator does.
-      * env.num_threads: every core; sampler.learner_threads: half the cores (torch's thread pool slows down
+      * env.num_threads: every core; runner.learner_threads: half the cores (torch's thread pool slows down
         many-fold when it competes with the simulator threads for cores).
       * learner.seed and sampler.seed (when null) follow run.seed.
       * distributed=ddp (a torchrun worker; ``environ`` defaults to os.environ): the sizes above are fitted to this
@@ -370,7 +389,9 @@ def resolve(
         env=dataclasses.replace(cfg.env, options=dict(cfg.env.options)),
         run=dataclasses.replace(cfg.run),
         sampler=dataclasses.replace(cfg.sampler),
+        runner=dataclasses.replace(cfg.runner),
         learner=dataclasses.replace(cfg.learner),
+        replay=dataclasses.replace(cfg.replay),
         policy=dataclasses.replace(cfg.policy),
         logging=dataclasses.replace(cfg.logging),
         distributed=dataclasses.replace(cfg.distributed),
@@ -428,10 +449,10 @@ def resolve(
         )
     if env.num_threads == 0:
         env.num_threads = max(1, min(num_cores, env.num_envs))
-    if sampler.learner_threads == 0:
+    if cfg.runner.learner_threads == 0:
         # Half the cores: torch's OpenMP pool degrades badly when it shares cores with the simulator threads (or
         # other jobs). Measured on the 2-core box under load: the toy run took 67 s with 2 threads, 3 s with 1.
-        sampler.learner_threads = max(1, num_cores // 2)
+        cfg.runner.learner_threads = max(1, num_cores // 2)
     if sampler.seed is None:
         sampler.seed = run.seed  # split i resets with seed + i
 
@@ -448,17 +469,9 @@ def resolve(
             f"(sampler.rollout_len={sampler.rollout_len} x env.num_envs/sampler.num_splits="
             f"{env.num_envs // sampler.num_splits}); try learner.num_minibatches={near}"
         )
-    columns = env.num_envs // sampler.num_splits
-    if learner.replay_ratio and learner.replay_segment_envs > 0 and columns % learner.replay_segment_envs:
-        # Replayed segments are [T, replay_segment_envs] column chunks of a batch (sample_fast.replay).
-        near = min((d for d in range(1, columns + 1) if columns % d == 0),
-                   key=lambda d: abs(d - learner.replay_segment_envs))  # fmt: skip
-        raise ConfigError(
-            f"learner.replay_segment_envs={learner.replay_segment_envs} must divide the batch's {columns} env "
-            f"columns (env.num_envs/sampler.num_splits); try learner.replay_segment_envs={near}"
-        )
+    _check_replay(cfg.replay, env.num_envs // sampler.num_splits)
     learner.seed = run.seed  # run.seed seeds everything
-    for section in ("policy", "learner", "sampler"):
+    for section in ("policy", "learner", "replay", "sampler", "runner"):
         validate = getattr(getattr(cfg, section), "validate", None)
         if validate is not None:
             try:

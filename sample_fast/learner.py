@@ -15,7 +15,7 @@ import functools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -24,6 +24,9 @@ from sample_fast.losses import approx_kl, explained_variance, masked_mean, norma
 from sample_fast.losses import value_loss as value_loss_fn
 from sample_fast.policy import ActorCritic
 from sample_fast.targets import Targets, VTraceFn, _torch_vtrace, compute_targets, default_vtrace_fn, final_table
+
+if TYPE_CHECKING:  # the replay module imports torchrl (seconds): only a run with replay on loads it
+    from sample_fast.replay import TrajectoryReplay
 
 __all__ = [  # compute_targets and its pieces moved to sample_fast.targets; importing them from here still works
     "Learner", "LearnerConfig", "LearnerConfigError", "ReturnScaler", "Targets", "VTraceFn", "_torch_vtrace",
@@ -107,22 +110,6 @@ class LearnerConfig:
     bf16: bool = True
     #: Seed of the learner's minibatch-shuffling generator.
     seed: int = 0
-    #: Prioritized trajectory replay (sample_fast.replay, docs/replay.md): replayed env columns per fresh batch as a
-    #: fraction of its B columns, drawn as [T, replay_segment_envs] segments by priority; 0 = off (the default).
-    replay_ratio: float = 0.0
-    #: Replay memory size in segments (FIFO eviction); live segments <= replay_max_age * B / replay_segment_envs.
-    replay_capacity: int = 128
-    #: Env columns per replayed segment (must divide the batch's B); each segment keeps all T steps.
-    replay_segment_envs: int = 8
-    #: Priority exponent alpha (0 = uniform) and initial IS exponent beta (annealed to 1, Schaul et al. 2016).
-    replay_alpha: float = 0.6
-    replay_beta: float = 0.4
-    #: Fresh env steps over which beta reaches 1; None = total_env_steps.
-    replay_beta_steps: int | None = None
-    #: Replayed samples older than this many policy versions are masked (replay ignores max_policy_lag).
-    replay_max_age: int = 32
-    #: Segment priority: "pg_advantage" (mean |A|) or "value_error" (mean |vs - V|).
-    replay_priority: str = "pg_advantage"
 
     def validate(self) -> None:
         """Raise ``LearnerConfigError`` naming the fix for any inconsistent setting."""
@@ -153,10 +140,6 @@ class LearnerConfig:
             )
         if self.max_policy_lag is not None and self.max_policy_lag < 0:
             raise LearnerConfigError(f"max_policy_lag must be >= 0 or None, got {self.max_policy_lag}")
-        if self.replay_ratio:  # only a run with replay imports it (and torchrl)
-            from sample_fast.replay import ReplayConfig
-
-            ReplayConfig.from_learner_config(self)
 
 
 class _Prepared(NamedTuple):
@@ -244,6 +227,7 @@ class Learner:
         total_env_steps: int | None = None,
         *,
         vtrace_fn: VTraceFn | None = None,
+        replay: TrajectoryReplay | None = None,
     ):
         cfg = cfg if cfg is not None else LearnerConfig()
         cfg.validate()
@@ -272,12 +256,9 @@ class Learner:
         self._snapshot_good_state()
         #: distributed=ddp: the collectives (sample_fast.distributed.Sync); None in a single process.
         self.sync: Any = None
-        #: Prioritized trajectory replay (None when replay_ratio == 0). Its memory is not checkpointed (docs/replay.md).
-        self.replay = None
-        if cfg.replay_ratio:
-            from sample_fast.replay import ReplayConfig, TrajectoryReplay
-
-            self.replay = TrajectoryReplay(ReplayConfig.from_learner_config(cfg), self.device, seed=cfg.seed)
+        #: Prioritized trajectory replay, built from the ``replay:`` section by its owner (``wiring.build_replay``);
+        #: None = off. Its memory is not checkpointed (docs/replay.md).
+        self.replay = replay
 
     def _vtrace_fn(self) -> VTraceFn:
         if self.vtrace_fn is None:

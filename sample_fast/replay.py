@@ -5,14 +5,14 @@ torchrl's ``RoundRobinWriter``), the per-segment priorities and their sampler, t
 (Schaul et al. 2016, "Prioritized Experience Replay", ICLR), beta annealing, and the join of replayed segments to
 a fresh batch (their IS weights then weight the learner's loss terms: the ``weights`` of ``sample_fast.losses``).
 It never touches an env, a process or the ParamStore; the learner calls it (``Learner.replay``), so serial and
-async runs both get it. Off by default, and imported only when on (torchrl takes seconds to import). See
-docs/replay.md.
+async runs both get it. The trainer builds it from the ``replay:`` config section (``ReplayConfig``, defined in
+``sample_fast.replay_config``) and hands it to the learner. Off by default, and imported only when on (torchrl
+takes seconds to import). See docs/replay.md.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -20,75 +20,19 @@ from torch import Tensor
 from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from sample_fast.replay_config import PRIORITY_KINDS, ReplayConfig, ReplayConfigError
+
+__all__ = [
+    "FINAL_KEYS", "PRIORITY_KINDS", "SEGMENT_KEYS", "ReplayConfig", "ReplayConfigError", "ReplaySample",
+    "SegmentPrioritySampler", "TrajectoryReplay", "frozen_reward_scale", "segment_priorities",
+]  # fmt: skip
+
 #: The per-step ``[T, b]`` keys a segment keeps. ``values`` is informational in the batch and is not replayed (V-trace
 #: recomputes values with the current critic); ``policy_version`` is optional in the batch and filled if absent.
 #: Besides them a segment keeps its ``obs`` rows ``[T + 1, b]`` (row T: its bootstrap observation) and its own
 #: truncation side table (``FINAL_KEYS``: the final observations of its truncated steps, env indices local to it).
 SEGMENT_KEYS = ("actions", "behavior_logp", "rewards", "terminated", "truncated", "policy_version")
 FINAL_KEYS = ("final_obs", "final_step_idx", "final_env_idx", "final_count")
-PRIORITY_KINDS = ("pg_advantage", "value_error")
-
-
-class ReplayConfigError(ValueError):
-    """A bad replay setting; the message says what to change."""
-
-
-@dataclass
-class ReplayConfig:
-    """Replay settings. ``LearnerConfig`` carries them flat as ``replay_<name>`` (``replay_ratio`` etc.)."""
-
-    #: Replayed env columns per fresh batch as a fraction of its B columns (0.5: B/2 replayed columns = B/(2b)
-    #: segments). 0 = replay off.
-    ratio: float = 0.0
-    #: Memory size in segments; the oldest segment is evicted first (FIFO).
-    capacity: int = 128
-    #: b: env columns per segment (must divide the batch's B). Segments keep all T steps.
-    segment_envs: int = 8
-    #: Priority exponent: P(i) = p_i^alpha / sum_j p_j^alpha (0 = uniform).
-    alpha: float = 0.6
-    #: Initial importance-sampling exponent, annealed linearly to 1 over beta_steps fresh env steps.
-    beta: float = 0.4
-    #: Fresh env steps over which beta reaches 1; None = the learner's total_env_steps (5M if that is unknown).
-    beta_steps: int | None = None
-    #: Replayed samples whose policy_version lags the learner by more than this many versions are masked out;
-    #: segments entirely older than this are no longer sampled.
-    max_age: int = 32
-    #: Segment priority: mean |V-trace pg advantage| ("pg_advantage") or mean |vs - V(x)| ("value_error").
-    priority: str = "pg_advantage"
-    #: Added to priorities so that no live segment has probability 0.
-    eps: float = 1e-6
-
-    def validate(self) -> None:
-        """Raise ``ReplayConfigError`` naming the fix for any inconsistent setting."""
-        if not (0.0 <= self.ratio and math.isfinite(self.ratio)):
-            raise ReplayConfigError(f"replay_ratio must be >= 0 (0 = off, e.g. 0.5), got {self.ratio}")
-        for name in ("capacity", "segment_envs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ReplayConfigError(f"replay_{name} must be a positive int, got {value!r}")
-        if self.alpha < 0:
-            raise ReplayConfigError(f"replay_alpha must be >= 0 (0 = uniform), got {self.alpha}")
-        if not 0.0 <= self.beta <= 1.0:
-            raise ReplayConfigError(f"replay_beta must be in [0, 1] (it is annealed to 1), got {self.beta}")
-        if self.beta_steps is not None and self.beta_steps < 1:
-            raise ReplayConfigError(f"replay_beta_steps must be >= 1 or None, got {self.beta_steps}")
-        if not isinstance(self.max_age, int) or self.max_age < 0:
-            raise ReplayConfigError(f"replay_max_age must be an int >= 0 (policy versions), got {self.max_age!r}")
-        if self.priority not in PRIORITY_KINDS:
-            raise ReplayConfigError(f"replay_priority {self.priority!r} unknown; use one of {PRIORITY_KINDS}")
-        if not self.eps > 0:
-            raise ReplayConfigError(f"replay_eps must be > 0, got {self.eps}")
-
-    @classmethod
-    def from_learner_config(cls, learner_cfg: Any) -> ReplayConfig:
-        """Read the flat ``replay_*`` fields of a ``LearnerConfig`` (missing fields keep these defaults)."""
-        kwargs = {}
-        for name in cls.__dataclass_fields__:
-            if hasattr(learner_cfg, f"replay_{name}"):
-                kwargs[name] = getattr(learner_cfg, f"replay_{name}")
-        cfg = cls(**kwargs)
-        cfg.validate()
-        return cfg
 
 
 class SegmentPrioritySampler(Sampler):
@@ -197,7 +141,7 @@ def segment_priorities(
     elif kind == "value_error":
         err = (value_targets - values).abs()
     else:
-        raise ReplayConfigError(f"replay_priority {kind!r} unknown; use one of {PRIORITY_KINDS}")
+        raise ReplayConfigError(f"replay.priority {kind!r} unknown; use one of {PRIORITY_KINDS}")
     num_steps, num_envs = err.shape
     return err.float().reshape(num_steps, num_envs // segment_envs, segment_envs).mean(dim=(0, 2))
 
@@ -245,8 +189,8 @@ class TrajectoryReplay:
             divisors = [d for d in range(1, num_envs + 1) if num_envs % d == 0]
             near = min(divisors, key=lambda d: abs(d - b))
             raise ReplayConfigError(
-                f"replay_segment_envs={b} must divide the batch's {num_envs} env columns; "
-                f"try learner.replay_segment_envs={near}"
+                f"replay.segment_envs={b} must divide the batch's {num_envs} env columns; "
+                f"try replay.segment_envs={near}"
             )
         if self.segment_shape is not None and self.segment_shape[0] != num_steps:
             raise ReplayConfigError(

@@ -16,6 +16,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,6 +45,42 @@ from sample_fast.trajectory_store import TrajectoryStore
 from sample_fast.wiring import build_sampler, build_store
 
 MODES = ("serial", "async")
+
+
+@dataclass
+class RunnerConfig:
+    """The runner's process and timeout settings (``runner.*``): how the sampler process is started, watched and
+    stopped, and the learner process's threads. What the sampler collects is ``SamplerConfig``."""
+
+    poll_s: float = 0.2  #: granularity of every wait: stop requests and liveness are checked this often
+    heartbeat_timeout_s: float = 60.0  #: no sampler heartbeat for this long -> stack dump + error
+    startup_timeout_s: float = 300.0  #: the sampler process must build its envs and policy within this
+    shutdown_timeout_s: float = 10.0  #: graceful join before kill
+    learner_stall_dump_s: float = 600.0  #: dump the main process's stacks if one train() step takes longer
+    mp_start_method: str = "spawn"  #: spawn or forkserver (never fork: torch/JAX threads exist before it)
+    learner_threads: int = 0  #: torch intra-op threads of the learner process; 0 = leave as the caller set it
+    episode_capacity: int = 65536  #: finished-episode ring size (sampler -> main); overflow is counted, not fatal
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        ec = self.episode_capacity
+        if not isinstance(ec, int) or isinstance(ec, bool) or ec < 1:
+            raise ValueError(f"runner.episode_capacity must be a positive int, got {ec!r}")
+        if not isinstance(self.learner_threads, int) or self.learner_threads < 0:
+            raise ValueError(f"runner.learner_threads must be an int >= 0, got {self.learner_threads!r}")
+        if self.mp_start_method not in ("spawn", "forkserver"):
+            raise ValueError(f"runner.mp_start_method must be spawn or forkserver, got {self.mp_start_method!r}")
+        for name in (
+            "poll_s",
+            "heartbeat_timeout_s",
+            "startup_timeout_s",
+            "shutdown_timeout_s",
+            "learner_stall_dump_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"runner.{name} must be > 0, got {getattr(self, name)!r}")
 
 
 class SamplerError(RuntimeError):
@@ -77,6 +114,7 @@ def _sampler_main(
     episodes: EpisodeRing,
     control: torch.Tensor,
     cfg: SamplerConfig,
+    poll_s: float,
     split_seeds: list[int],
     torch_seed: int,
     rng_state: torch.Tensor | None,
@@ -119,7 +157,7 @@ def _sampler_main(
         control[CTRL_SAMPLER_READY] = 1.0
         next_parent_check_s = 0.0
         while control[CTRL_STOP] == 0:
-            if sampler.advance(wait_s=cfg.poll_s):  # a slot became READY: publish the RNG state at this boundary
+            if sampler.advance(wait_s=poll_s):  # a slot became READY: publish the RNG state at this boundary
                 rng_shared.write(torch.get_rng_state())  # PERF: a 5 KB copy per slot, never a wait
             now = time.monotonic()
             if now >= next_parent_check_s:  # the runner (not necessarily our OS parent: forkserver) still there?
@@ -154,7 +192,8 @@ class Runner:
             ``num_envs / num_splits`` envs); each split is then reset with its own seed. Picklable.
         policy_fn: builds an ActorCritic (the learner's here; the sampler's acting copy in the child). Picklable.
         learner_fn: ``learner_fn(policy) -> Learner``. Called here only.
-        sampler_cfg: SamplerConfig.
+        sampler_cfg: SamplerConfig (what the sampler collects).
+        runner_cfg: RunnerConfig (process start, liveness, timeouts, learner threads); None: its defaults.
         mode: ``"serial"`` or ``"async"``.
         hooks: RunnerHooks (or any object with some of its methods).
         sampler_rng_state: the sampler's torch RNG state to start from (``sampler_rng_state()`` of the run being
@@ -167,6 +206,7 @@ class Runner:
         policy_fn: Callable[[], torch.nn.Module],
         learner_fn: Callable[[torch.nn.Module], Any],
         sampler_cfg: SamplerConfig,
+        runner_cfg: RunnerConfig | None = None,
         mode: str = "async",
         hooks: RunnerHooks | None = None,
         sampler_rng_state: torch.Tensor | None = None,
@@ -174,10 +214,13 @@ class Runner:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         sampler_cfg.validate()
+        runner_cfg = runner_cfg if runner_cfg is not None else RunnerConfig()
+        runner_cfg.validate()
         self.env_fn, self.policy_fn, self.cfg, self.mode = env_fn, policy_fn, sampler_cfg, mode
+        self.rcfg = runner_cfg
         self.hooks = hooks if hooks is not None else RunnerHooks()
-        if sampler_cfg.learner_threads:
-            torch.set_num_threads(sampler_cfg.learner_threads)
+        if runner_cfg.learner_threads:
+            torch.set_num_threads(runner_cfg.learner_threads)
         self.policy = policy_fn()
         self.learner = learner_fn(self.policy)
         self.env_steps = 0
@@ -243,7 +286,7 @@ class Runner:
             if self._initial_sampler_rng is not None:
                 torch.set_rng_state(self._initial_sampler_rng)  # the sampler draws its action noise from our RNG
             envs = build_split_envs(self.env_fn, cfg.num_splits, first=first)
-            self.episodes = EpisodeRing(cfg.episode_capacity, shared=False)
+            self.episodes = EpisodeRing(self.rcfg.episode_capacity, shared=False)
             self.store, self.sampler = build_sampler(
                 envs,
                 self.policy,
@@ -253,7 +296,7 @@ class Runner:
                 split_seeds=_split_seeds(cfg),
             )
             return
-        ctx = mp.get_context(cfg.mp_start_method)
+        ctx = mp.get_context(self.rcfg.mp_start_method)
         start_resource_tracker()  # before the store's semaphores register with it: it must survive a group SIGHUP
         try:  # the probe env's specs, per-split count and truncation_limit size the slots (wiring.build_store)
             self.store = build_store(first, cfg, shared=True, ctx=ctx)
@@ -261,7 +304,7 @@ class Runner:
             first.close()
         self.param_store = ParamStore(self.policy)
         self._publish()
-        self.episodes = EpisodeRing(cfg.episode_capacity, shared=True)
+        self.episodes = EpisodeRing(self.rcfg.episode_capacity, shared=True)
         self.control = new_control(shared=True)
         self._rng_shared = SharedRngState()
         err_recv, err_send = ctx.Pipe(duplex=False)
@@ -275,6 +318,7 @@ class Runner:
             self.episodes,
             self.control,
             cfg,
+            self.rcfg.poll_s,
             _split_seeds(cfg),
             int(torch.randint(0, 2**31 - 1, ())),
             self._initial_sampler_rng,
@@ -313,7 +357,7 @@ class Runner:
                 slot_idx = store.acquire_ready(timeout_s=0.0)
             return slot_idx
         t0 = time.monotonic()
-        slot_idx = store.acquire_ready(timeout_s=self.cfg.poll_s)  # SYNC: bounded wait for the sampler
+        slot_idx = store.acquire_ready(timeout_s=self.rcfg.poll_s)  # SYNC: bounded wait for the sampler
         self._learner_wait_s += time.monotonic() - t0
         if slot_idx is None:
             self._check_sampler()
@@ -326,7 +370,7 @@ class Runner:
             if cfg.check_slots:
                 store.check_written(slot_idx)
             lag = (self._learner_version() - batch["policy_version"]).to(torch.float64)
-            faulthandler.dump_traceback_later(cfg.learner_stall_dump_s, exit=False)  # a hung train() dumps stacks
+            faulthandler.dump_traceback_later(self.rcfg.learner_stall_dump_s, exit=False)  # a hung train() dumps stacks
             metrics = dict(self.learner.train(batch))
             faulthandler.cancel_dump_traceback_later()
         finally:
@@ -389,15 +433,15 @@ class Runner:
             )
         if self.control[CTRL_SAMPLER_READY] == 0:
             waited = time.monotonic() - self._sampler_started_s
-            if waited > self.cfg.startup_timeout_s:
+            if waited > self.rcfg.startup_timeout_s:
                 self._raise_stalled(
-                    f"did not build its envs and policy within sampler.startup_timeout_s={self.cfg.startup_timeout_s:g}"
+                    f"did not build its envs and policy within runner.startup_timeout_s={self.rcfg.startup_timeout_s:g}"
                 )
             return
         age = time.time() - float(self.control[CTRL_SAMPLER_HEARTBEAT])
-        if age > self.cfg.heartbeat_timeout_s:
+        if age > self.rcfg.heartbeat_timeout_s:
             self._raise_stalled(
-                f"sent no heartbeat for {age:.1f} s (sampler.heartbeat_timeout_s={self.cfg.heartbeat_timeout_s:g})"
+                f"sent no heartbeat for {age:.1f} s (runner.heartbeat_timeout_s={self.rcfg.heartbeat_timeout_s:g})"
             )
 
     def _recv_error(self) -> str:
@@ -445,10 +489,10 @@ class Runner:
                 self.store.wake_all()
             except Exception:
                 pass
-            proc.join(timeout=self.cfg.shutdown_timeout_s)  # SYNC: bounded
+            proc.join(timeout=self.rcfg.shutdown_timeout_s)  # SYNC: bounded
             if proc.is_alive():  # it ignores SIGTERM (see _sampler_main): SIGKILL
                 print(
-                    f"sampler process {proc.pid} did not stop within {self.cfg.shutdown_timeout_s:g} s; killing it",
+                    f"sampler process {proc.pid} did not stop within {self.rcfg.shutdown_timeout_s:g} s; killing it",
                     file=sys.stderr,
                 )
                 proc.kill()
@@ -493,4 +537,4 @@ class Runner:
         self.request_stop()
 
 
-__all__ = ["Runner", "RunnerHooks", "SamplerConfig", "SamplerError", "CTRL_SAMPLER_STEPS"]
+__all__ = ["Runner", "RunnerConfig", "RunnerHooks", "SamplerConfig", "SamplerError", "CTRL_SAMPLER_STEPS"]

@@ -31,22 +31,17 @@ from sample_fast.trajectory_store import TrajectoryStore
 
 @dataclass
 class SamplerConfig:
-    """Sampler and runner settings (the runner owns processes, so its knobs live here too)."""
+    """What the sampler collects and how: rollout shape, splits, slots, seeds, the acting process's threads.
+
+    The runner's process and timeout settings (poll interval, heartbeats, start method, learner threads, restarts)
+    are ``sample_fast.runner.RunnerConfig``."""
 
     rollout_len: int = 64  #: T: steps per slot
     num_splits: int = 2  #: envs in k groups (double buffering); env_fn() is called once per group
     num_slots: int = 4  #: slots in the TrajectoryStore; must be >= num_splits + 1 (2 * num_splits recommended)
     seed: int | None = None  #: split i is reset with seed + i; None: split seeds drawn from the main torch RNG
     inference_threads: int = 1  #: torch intra-op threads of the sampler process (policy forward)
-    learner_threads: int = 0  #: torch intra-op threads of the learner process; 0 = leave as the caller set it
     check_slots: bool = True  #: re-poison a slot when it starts FILLING and verify it before training (~1 ms)
-    poll_s: float = 0.2  #: granularity of every wait: stop requests and liveness are checked this often
-    heartbeat_timeout_s: float = 60.0  #: no sampler heartbeat for this long -> stack dump + error
-    startup_timeout_s: float = 300.0  #: the sampler process must build its envs and policy within this
-    shutdown_timeout_s: float = 10.0  #: graceful join before terminate/kill
-    learner_stall_dump_s: float = 600.0  #: dump the main process's stacks if one train() step takes longer
-    episode_capacity: int = 65536  #: finished-episode ring size (sampler -> main); overflow is counted, not fatal
-    mp_start_method: str = "spawn"  #: spawn or forkserver (never fork: torch/JAX threads exist before it)
     #: async mode: when the sampler picks up newer weights: "step" (before every policy forward; a version check is
     #: ~1 us, a copy happens only when the learner published) or "slot" (only when a split starts a slot). On Ant
     #: "step" cut the mean policy lag from 2.5 to 0.7-1.0 versions, so V-trace clips less of each batch.
@@ -59,7 +54,7 @@ class SamplerConfig:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("rollout_len", "num_splits", "num_slots", "inference_threads", "episode_capacity"):
+        for name in ("rollout_len", "num_splits", "num_slots", "inference_threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"sampler.{name} must be a positive int, got {value!r}")
@@ -68,15 +63,8 @@ class SamplerConfig:
                 f"sampler.num_slots={self.num_slots} must be >= num_splits + 1 = {self.num_splits + 1} (each split "
                 f"fills its own slot and the learner needs one); try num_slots={2 * self.num_splits}"
             )
-        if self.learner_threads < 0:
-            raise ValueError(f"sampler.learner_threads must be >= 0, got {self.learner_threads}")
         if self.weights_refresh not in ("step", "slot"):
             raise ValueError(f"sampler.weights_refresh must be step or slot, got {self.weights_refresh!r}")
-        if self.mp_start_method not in ("spawn", "forkserver"):
-            raise ValueError(f"sampler.mp_start_method must be spawn or forkserver, got {self.mp_start_method!r}")
-        for name in ("poll_s", "heartbeat_timeout_s", "startup_timeout_s", "shutdown_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"sampler.{name} must be > 0, got {getattr(self, name)!r}")
 
 
 class EpisodeRing:

@@ -464,7 +464,7 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
             raise RunFailed(f"cannot prepare the run directory {e.filename or rdir}: {describe_os_error(e)}; "
                             "pick a writable run.dir") from None  # fmt: skip
 
-    torch.set_num_threads(cfg.sampler.learner_threads)
+    torch.set_num_threads(cfg.runner.learner_threads)
     if writer:
         # the newest intact state, best.pt included; a corrupt file is renamed aside (*.corrupt) with a warning
         latest = ckpt.load_resume()
@@ -516,6 +516,7 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
         device=cfg.run.device,
         total_env_steps=cfg.run.total_env_steps,
         resume_state=resume_state,
+        replay_cfg=cfg.replay,
     )
     if sync is not None:  # rank 0's weights on every rank, the collectives in the learner, per-rank seeds
         inner_fn, seed = learner_fn, cfg.run.seed + start_env_steps * bool(resume_state)
@@ -549,7 +550,7 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
         if sync is not None and sync.rank > 0:
             sampler_rng = None  # rank 0's action-noise stream is rank 0's: this rank draws its own
         runner = Runner(
-            env_fn, policy_fn, learner_fn, sampler_cfg, mode=cfg.run.mode, hooks=dist_hooks or hooks,
+            env_fn, policy_fn, learner_fn, sampler_cfg, cfg.runner, mode=cfg.run.mode, hooks=dist_hooks or hooks,
             sampler_rng_state=sampler_rng,
         )  # fmt: skip
         # distributed: the stopper and the hooks ask through the proxy, so that every rank stops after one update

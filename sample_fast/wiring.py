@@ -2,10 +2,10 @@
 
 Every entry point (``sample_fast.train``, ``sample_fast.eval``, the FPS suite's stages in
 ``sample_fast.benchmark.stages`` and the scripts under ``benchmarks/``) builds its envs, policy, trajectory store,
-sampler and learner through these functions, and the ``Runner`` builds its store through ``build_store``. Each
-builder takes the component's own config dataclass (``EnvConfig``, ``PolicyConfig``, ``SamplerConfig``,
-``LearnerConfig``), never the root config, so a component can be built alone in a test or a benchmark exactly as the
-trainer builds it.
+sampler, learner and replay memory through these functions, and the ``Runner`` builds its store through
+``build_store``. Each builder takes the component's own config dataclass (``EnvConfig``, ``PolicyConfig``,
+``SamplerConfig``, ``LearnerConfig``, ``ReplayConfig``), never the root config, so a component can be built alone in
+a test or a benchmark exactly as the trainer builds it.
 
 The builders are module-level functions so ``functools.partial`` of them pickles into the async sampler process.
 """
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the config module imports the components; importing it here
     from .config import EnvConfig
     from .learner import Learner, LearnerConfig
     from .policy import PolicyConfig
+    from .replay_config import ReplayConfig
     from .sampler import Sampler, SamplerConfig
     from .trajectory_store import TrajectoryStore
 
@@ -29,6 +30,7 @@ __all__ = [
     "on_cpu_simulator",
     "probe_specs",
     "build_policy",
+    "build_replay",
     "build_learner",
     "build_store",
     "build_sampler",
@@ -51,14 +53,15 @@ def build_env(env_cfg: EnvConfig, num_envs: int, seed: int = 0):
 
 
 def on_cpu_simulator(env_cfg: EnvConfig) -> EnvConfig:
-    """The same env on the CPU: an mjx config becomes the MuJoCo C one (same task definition, model options and
-    specs), without the options only MJX takes (precision, solver, xla_opt_level, ...), which the mujoco backend
-    rejects. The split of options comes from the backends' own option tables (``sample_fast.envs.backend_options``).
+    """The same env on the CPU: an mjx or warp config becomes the MuJoCo C one (same task definition, model options
+    and specs), without the options only that backend takes (precision, solver, xla_opt_level, nconmax, ...), which
+    the mujoco backend rejects. The split of options comes from the backends' own option tables
+    (``sample_fast.envs.backend_options``).
     """
     from .envs import backend_options
 
     cfg = dataclasses.replace(env_cfg, device="cpu", options=dict(env_cfg.options))
-    if env_cfg.backend == "mjx":
+    if env_cfg.backend in ("mjx", "warp"):
         takes = backend_options(env_cfg.name, "mujoco")
         cfg.backend = "mujoco"
         cfg.options = {k: v for k, v in env_cfg.options.items() if k in takes}
@@ -87,21 +90,34 @@ def build_policy(observation_spec, action_spec, policy_cfg: PolicyConfig, device
     return policy if device is None else policy.to(device)
 
 
+def build_replay(replay_cfg: ReplayConfig | None, device: str | torch.device, seed: int = 0):
+    """The prioritized replay memory of the ``replay:`` section, on the learner's device; None when it is off
+    (``replay.ratio == 0``: torchrl is then never imported)."""
+    if replay_cfg is None or not replay_cfg.ratio:
+        return None
+    from .replay import TrajectoryReplay
+
+    return TrajectoryReplay(replay_cfg, torch.device(device), seed=seed)
+
+
 def build_learner(
     policy,
     learner_cfg: LearnerConfig,
     device: str | torch.device,
     total_env_steps: int | float | None = None,
     resume_state: dict | None = None,
+    replay_cfg: ReplayConfig | None = None,
 ) -> Learner:
-    """The learner, with policy weights, normaliser, optimizer, counters and RNG restored from ``resume_state``
-    (a checkpoint's dict). ``total_env_steps`` drives the learning-rate schedule (None: a constant rate)."""
+    """The learner (with its replay memory, when ``replay_cfg`` turns it on), with policy weights, normaliser,
+    optimizer, counters and RNG restored from ``resume_state`` (a checkpoint's dict). ``total_env_steps`` drives the
+    learning-rate schedule (None: a constant rate)."""
     from .learner import Learner
 
     policy = policy.to(device)
     if resume_state is not None:
         policy.load_state_dict(resume_state["policy"])
-    learner = Learner(policy, learner_cfg, torch.device(device), total_env_steps=total_env_steps)
+    replay = build_replay(replay_cfg, device, seed=learner_cfg.seed)
+    learner = Learner(policy, learner_cfg, torch.device(device), total_env_steps=total_env_steps, replay=replay)
     if resume_state is not None:
         from .checkpoint import set_rng_state
 

@@ -30,6 +30,11 @@ if ! "$VPY" -c 'import torch' >/dev/null 2>&1; then
 fi
 echo "setup: installing sample_fast (editable) and its dependencies"
 "$VPY" -m pip install -q -e ".[dev]"
+# MuJoCo Warp (the warp backend) is pinned in pyproject.toml; installed again here with the pin spelled out so a
+# stale venv moves to it (docs/warp.md: moving the pin). -c keeps pip from touching the torch installed above.
+WARP_PINS="mujoco-warp==4.0.0 warp-lang==1.19.0"
+# shellcheck disable=SC2086  # WARP_PINS is a list of requirements
+"$VPY" -m pip install -q $WARP_PINS -c <("$VPY" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')
 # EnvPool is optional: it ships wheels for Linux x86_64 only. CI installs it whenever it can.
 if ! "$VPY" -m pip install -q "envpool>=1.2" 2>/dev/null; then
   echo "setup: envpool did not install on this platform; its backend and tests are skipped"

@@ -155,6 +155,176 @@ def test_gymnasium_vector_episode_stats_match_record_episode_statistics():
     env.close()
 
 
+def _assert_info_equal(ours: dict, ref: dict, path: str = "info") -> None:
+    """Two gymnasium vector info dicts hold the same keys, masks and (masked) values, recursively."""
+    assert sorted(ours) == sorted(ref), f"{path}: {sorted(ours)} != {sorted(ref)}"
+    for key in ref:
+        a, b = ours[key], ref[key]
+        if isinstance(b, dict):
+            _assert_info_equal(a, b, f"{path}[{key!r}]")
+        elif key.startswith("_"):
+            np.testing.assert_array_equal(a, b, err_msg=f"{path}[{key!r}]")
+        elif key == "final_obs":  # one array per env, None elsewhere
+            assert a.dtype == b.dtype == object, path
+            assert [x is None for x in a] == [x is None for x in b], f"{path}[{key!r}]"
+            for x, y in zip(a, b, strict=True):
+                if y is not None:
+                    np.testing.assert_allclose(x, y, rtol=0, atol=1e-6, err_msg=f"{path}[{key!r}]")
+        elif b.dtype == object:
+            # SyncVectorEnv keeps np.bool_ scalars (not np.number) in an object array, None where masked out; ours is
+            # a bool array, False there. The values under the mask agree.
+            mask = ref[f"_{key}"]
+            assert a.dtype == np.bool_ and list(a[mask]) == list(b[mask]), f"{path}[{key!r}]"
+        else:
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=f"{path}[{key!r}]")
+            assert a.dtype == b.dtype, f"{path}[{key!r}]: {a.dtype} != {b.dtype}"
+
+
+def _arm_actions(rng: np.random.Generator) -> np.ndarray:
+    # env 0 pushes the shoulder to termination, env 1 idles into the time limit, env 2 acts randomly
+    return np.stack([[1.0, 0.0], [0.0, 0.0], rng.uniform(-1, 1, 2)]).astype(np.float32)
+
+
+def _arm_pair(arm_name: str, mode: AutoresetMode, limit: int = 7) -> tuple[GymnasiumVectorEnv, SyncVectorEnv]:
+    opts = {"backend": "mujoco", "num_threads": 1, "max_episode_steps": limit}
+    ours = GymnasiumVectorEnv(make(arm_name, 3, **opts), autoreset_mode=mode)
+    ref = SyncVectorEnv([lambda: GymnasiumSingleEnv(make(arm_name, 1, **opts)) for _ in range(3)], autoreset_mode=mode)
+    return ours, ref
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", [AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP])
+def test_gymnasium_vector_info_matches_sync_vector_env(arm_name, mode):
+    """Both auto-reset modes equal gymnasium's own SyncVectorEnv in that mode, step for step through terminations
+    and truncations: observations, rewards, flags and the whole info dict (final_obs, final_info, every mask).
+    (The arm has no reset noise: NEXT_STEP's extra reset per episode draws nothing that could differ.)"""
+    ours, ref = _arm_pair(arm_name, mode, limit=45)  # the pushed shoulder passes 0.3 rad at step ~36
+    assert ours.metadata["autoreset_mode"] == ref.metadata["autoreset_mode"] == mode
+    o1, i1 = ours.reset(seed=0)
+    o2, i2 = ref.reset(seed=0)
+    np.testing.assert_array_equal(o1, o2)
+    rng = np.random.default_rng(0)
+    flags = np.zeros(2, dtype=int)
+    for _ in range(95):
+        actions = _arm_actions(rng)
+        r1, r2 = ours.step(actions), ref.step(actions)
+        for a, b in zip(r1[:4], r2[:4], strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+        assert r1[0].dtype == r2[0].dtype == np.float32 and r1[2].dtype == r2[2].dtype == np.bool_
+        _assert_info_equal(r1[4], r2[4])
+        flags += [int(r1[2].sum()), int(r1[3].sum())]
+    assert (flags >= 2).all()  # terminations and truncations both
+    ours.close()
+    ref.close()
+
+
+@pytest.mark.timeout(60)
+def test_gymnasium_reset_mask_matches_sync_vector_env(arm_name):
+    """reset(options={"reset_mask": ...}) resets only the chosen envs, in both modes, as SyncVectorEnv does."""
+    for mode in (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP):
+        ours, ref = _arm_pair(arm_name, mode)
+        ours.reset(seed=0)
+        ref.reset(seed=0)
+        rng = np.random.default_rng(1)
+        for t in range(12):
+            actions = _arm_actions(rng)
+            r1, r2 = ours.step(actions), ref.step(actions)
+            np.testing.assert_allclose(r1[0], r2[0], rtol=0, atol=1e-6)
+            if t in (2, 8):
+                mask = np.array([False, True, True])
+                o1, _ = ours.reset(options={"reset_mask": mask})
+                o2, _ = ref.reset(options={"reset_mask": mask})
+                np.testing.assert_allclose(o1, o2, rtol=0, atol=1e-6)
+                np.testing.assert_array_equal(o1[0], r1[0][0])  # env 0 keeps its observation
+        ours.close()
+        ref.close()
+    env = GymnasiumVectorEnv(make("toy", 2))
+    env.reset()
+    with pytest.raises(EnvError, match="at least one True"):
+        env.reset(options={"reset_mask": np.zeros(2, dtype=bool)})
+    with pytest.raises(EnvError, match="numpy bool array of shape \\(2,\\)"):
+        env.reset(options={"reset_mask": np.ones(3, dtype=bool)})
+    with pytest.raises(EnvError, match="only option is 'reset_mask'"):
+        env.reset(options={"difficulty": 3})
+
+
+@pytest.mark.timeout(60)
+def test_gymnasium_observation_wrappers_on_next_step(arm_name):
+    """gymnasium's vector observation wrappers refuse SAME_STEP envs and work on NEXT_STEP ones exactly as on its own
+    SyncVectorEnv: NormalizeObservation's running statistics and outputs agree step for step."""
+    from gymnasium.wrappers.vector import NormalizeObservation, TransformObservation
+
+    same, _ = _arm_pair(arm_name, AutoresetMode.SAME_STEP)
+    with pytest.raises(ValueError, match="Expected autoreset_mode to be NEXT_STEP"):
+        NormalizeObservation(same)
+    ours, ref = (NormalizeObservation(e) for e in _arm_pair(arm_name, AutoresetMode.NEXT_STEP))
+    ours.reset(seed=0)
+    ref.reset(seed=0)
+    rng = np.random.default_rng(2)
+    for _ in range(15):
+        actions = _arm_actions(rng)
+        o1, *_ = ours.step(actions)
+        o2, *_ = ref.step(actions)
+        np.testing.assert_allclose(o1, o2, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(ours.obs_rms.mean, ref.obs_rms.mean, rtol=0, atol=1e-6)
+    doubled = TransformObservation(
+        GymnasiumVectorEnv(make("toy", 2), autoreset_mode="next_step"), lambda o: 2 * o, None
+    )
+    obs, _ = doubled.reset(seed=0)
+    np.testing.assert_array_equal(obs, 2 * GymnasiumVectorEnv(make("toy", 2)).reset(seed=0)[0])
+    with pytest.raises(EnvError, match="autoreset_mode='bogus' is not supported"):
+        GymnasiumVectorEnv(make("toy", 2), autoreset_mode="bogus")
+
+
+@pytest.mark.timeout(60)
+def test_gymnasium_numpy_to_torch_wrapper():
+    """gymnasium.wrappers.vector.NumpyToTorch (which needs array-api-compat, a dependency now) wraps the adapter."""
+    from gymnasium.wrappers.vector import NumpyToTorch
+
+    env = NumpyToTorch(GymnasiumVectorEnv(make("toy", 3, max_episode_steps=4)))
+    obs, _ = env.reset(seed=0)
+    assert isinstance(obs, torch.Tensor) and obs.shape == (3, 3)
+    obs, reward, terminated, truncated, _ = env.step(torch.zeros(3, 2))
+    assert isinstance(reward, torch.Tensor) and reward.shape == (3,) and truncated.dtype == torch.bool
+    env.close()
+
+
+@pytest.mark.timeout(60)
+def test_gymnasium_make_vec_on_registered_ids():
+    """gymnasium.make_vec / gymnasium.make build our envs from the registered sample_fast/* ids."""
+    import sample_fast.envs.registration as registration
+    from sample_fast.envs.mujoco_env import MujocoEnv
+
+    ids = registration.registered_ids()
+    for name in ("Ant-v5", "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Humanoid-v5", "Toy-v0", "Pong-v5"):
+        assert f"sample_fast/{name}" in gym.registry and f"sample_fast/{name}" in ids
+    assert sum(k.endswith("-v5") for k in ids) > 100  # every Atari game ale-py ships, and the five MuJoCo tasks
+    vec = gym.make_vec("sample_fast/Hopper-v5", num_envs=3, backend="mujoco", num_threads=1, max_episode_steps=6)
+    assert isinstance(vec, GymnasiumVectorEnv) and isinstance(vec.env, MujocoEnv) and vec.num_envs == 3
+    assert vec.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP  # gymnasium's default
+    assert vec.spec.id == "sample_fast/Hopper-v5"
+    twin = GymnasiumVectorEnv(make("hopper", 3, backend="mujoco", num_threads=1, max_episode_steps=6), "next_step")
+    np.testing.assert_array_equal(vec.reset(seed=5)[0], twin.reset(seed=5)[0])
+    actions = np.zeros((3, 3), np.float32)
+    for _ in range(8):
+        r1, r2 = vec.step(actions), twin.step(actions)
+        for a, b in zip(r1[:4], r2[:4], strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert not (r1[2] | r1[3]).any()  # step 8 of 6-step episodes: the restart step after the time limit
+    vec.close()
+    twin.close()
+    same = gym.make_vec("sample_fast/Toy-v0", num_envs=2, autoreset_mode="same_step", kind="discrete")
+    assert same.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP and same.single_action_space.n == 4
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*infinity.*")
+        single = gym.make("sample_fast/Hopper-v5", backend="mujoco", num_threads=1)
+        check_env(single.unwrapped, skip_render_check=True)
+    # unseeded single envs built one by one are not clones; seeded ones are reproducible
+    a, b = (gym.make("sample_fast/Toy-v0") for _ in range(2))
+    assert not np.array_equal(a.reset()[0], b.reset()[0])
+    np.testing.assert_array_equal(a.reset(seed=1)[0], b.reset(seed=1)[0])
+
+
 def test_gymnasium_rejects_bad_input():
     with pytest.raises(EnvError, match="num_envs=1"):
         GymnasiumSingleEnv(make("toy", 2))
@@ -208,13 +378,51 @@ def test_torchrl_rollout_equals_batched_env_loop():
     assert num_done > 0
 
 
-def test_torchrl_refuses_partial_reset_of_running_envs():
+def test_torchrl_partial_reset_of_running_envs():
+    """A "_reset" mask on envs whose episodes go on resets exactly those (the others keep their observations)."""
     from tensordict import TensorDict
 
-    env = TorchRLEnv(make("toy", 3))
-    env.reset()
-    with pytest.raises(EnvError, match="cannot reset envs \\[1\\] alone"):
-        env.reset(TensorDict({"_reset": torch.tensor([[False], [True], [False]])}, batch_size=[3]))
+    env = TorchRLEnv(make("toy", 3, max_episode_steps=8))
+    twin = make("toy", 3, max_episode_steps=8)
+    td = env.rand_step(env.reset())
+    twin.reset()
+    before = twin.step(td["action"]).obs
+    torch.testing.assert_close(td["next", "observation"], before, rtol=0, atol=0)
+    mask = torch.tensor([[False], [True], [False]])
+    out = env.reset(TensorDict({"observation": before, "_reset": mask}, batch_size=[3]))
+    assert out["observation"][:, -1].tolist() == [0.125, 0.0, 0.125]  # the last entry is t / max_episode_steps
+    assert torch.equal(out["observation"][[0, 2]], before[[0, 2]]) and not torch.equal(out["observation"][1], before[1])
+    assert env.env._t.tolist() == [1, 0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_torchrl_step_counter_truncates_and_resets_running_envs():
+    """TorchRL's StepCounter(max_steps) truncates episodes our env would continue and resets those envs alone."""
+    from torchrl.envs import StepCounter, TransformedEnv
+
+    env = TransformedEnv(TorchRLEnv(make("toy", 4, max_episode_steps=10, seed=3)), StepCounter(max_steps=3))
+    td = env.rollout(8, break_when_any_done=False)
+    truncated = td["next", "truncated"][..., 0]
+    assert torch.equal(truncated.nonzero()[:, 1].unique(), torch.tensor([2, 5]))  # steps 3 and 6 of every env
+    assert truncated[:, [2, 5]].all()
+    t = td["observation"][..., -1] * 10  # toy: the last entry is t / max_episode_steps
+    torch.testing.assert_close(t, torch.tensor([0.0, 1, 2, 0, 1, 2, 0, 1]).expand(4, 8))
+    assert torch.equal(td["step_count"][..., 0], t.round().long())
+
+
+@pytest.mark.timeout(60)
+def test_torchrl_collector_max_frames_per_traj():
+    """A collector's max_frames_per_traj cuts trajectories at 4 steps; the env resets those envs on demand."""
+    from torchrl.collectors import Collector
+
+    env = TorchRLEnv(make("toy", 2, max_episode_steps=50, seed=1))
+    collector = Collector(env, None, frames_per_batch=20, total_frames=20, max_frames_per_traj=4)
+    (batch,) = list(collector)
+    collector.shutdown()
+    t = batch["observation"][..., -1] * 50  # toy: t / max_episode_steps
+    expected = torch.arange(10) % 4
+    torch.testing.assert_close(t.reshape(2, 10), expected.float().expand(2, 10))
+    assert torch.equal(batch["next", "truncated"].reshape(2, 10), (expected == 3).expand(2, 10))
 
 
 # ----- Isaac Gym VecTask / rl_games -----------------------------------------------------------------------------
@@ -239,8 +447,10 @@ def test_vectask_rl_games_style_driver_loop():
         actions = torch.rand(num_envs, env.num_actions, generator=gen) * 2 - 1
         obs_dict, rewards, dones, infos = env.step(actions)
         res = twin.step(actions)
-        assert obs_dict["obs"] is env.obs_buf and rewards is env.rew_buf and dones is env.reset_buf
-        assert dones.dtype == torch.int64
+        # fresh tensors equal to the live buffers (IsaacGymEnvs hands out torch.clamp(obs_buf), a new tensor)
+        assert obs_dict["obs"] is not env.obs_buf and rewards is not env.rew_buf and dones is not env.reset_buf
+        assert torch.equal(obs_dict["obs"], env.obs_buf) and torch.equal(rewards, env.rew_buf)
+        assert torch.equal(dones, env.reset_buf) and dones.dtype == torch.int64
         torch.testing.assert_close(env.obs_buf, res.obs)
         torch.testing.assert_close(env.rew_buf, res.reward)
         assert torch.equal(infos["time_outs"], res.truncated & ~res.terminated)
@@ -294,9 +504,9 @@ class _StepRecorder:
             )
             return res
 
-        def recording_reset(env, seed=None):
+        def recording_reset(env, seed=None, **kwargs):
             self._seen(env)
-            return reset(env, seed)
+            return reset(env, seed, **kwargs)
 
         monkeypatch.setattr(BatchedEnv, "recv", recording_recv)
         monkeypatch.setattr(BatchedEnv, "reset", recording_reset)
@@ -342,6 +552,34 @@ def _check_gymnasium_vector(ns: dict, rec: _StepRecorder, new_envs: list, out: s
     np.testing.assert_allclose(ns["returns"], expected_returns.numpy(), rtol=1e-5)
 
 
+def _check_gymnasium_make_vec(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    from sample_fast.envs.mujoco_env import MujocoEnv
+
+    (env,) = new_envs
+    assert isinstance(env, MujocoEnv) and env.num_envs == 4 and env.max_episode_steps == 50
+    adapter = ns["envs"].env
+    assert isinstance(adapter, GymnasiumVectorEnv) and adapter.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    steps = rec.steps[env]
+    assert len(steps) == 60
+    ended = [(s.terminated | s.truncated, s.truncated, s.info["episode_length"]) for s in steps]
+    assert sum(int(d.sum()) for d, _, _ in ended) > 0  # hopper falls under random actions
+    assert all(bool((length[d] <= 50).all() and (length[t] == 50).all()) for d, t, length in ended)
+    # NormalizeObservation saw the reset's 4 observations and 4 per step; its output is normalized by them
+    assert ns["envs"].obs_rms.count == pytest.approx(1e-4 + 4 * 61)
+    raw = (ns["obs"] * np.sqrt(ns["envs"].obs_rms.var + 1e-8) + ns["envs"].obs_rms.mean).astype(np.float32)
+    np.testing.assert_allclose(raw, steps[-1].info["final_obs"].numpy(), rtol=0, atol=1e-4)
+
+
+def _check_sb3(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
+    (env,) = new_envs
+    model, steps = ns["model"], rec.steps[env]
+    assert model.num_timesteps == 256 and len(steps) == 32
+    # SB3 logged exactly the episodes the env finished (toy: every episode truncated at 5 steps)
+    finished = [float(r) for s in steps for r in s.info["episode_return"][s.truncated]]
+    assert [e["l"] for e in model.ep_info_buffer] == [5] * len(finished) and len(finished) == 8 * 6
+    np.testing.assert_allclose([e["r"] for e in model.ep_info_buffer], finished, rtol=1e-6)
+
+
 def _check_gymnasium_single(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> None:
     (env,) = new_envs
     last = rec.steps[env][-1]
@@ -371,7 +609,7 @@ def _check_vectask(ns: dict, rec: _StepRecorder, new_envs: list, out: str) -> No
     (env,) = new_envs
     steps = rec.steps[env]
     vec, obs_dict, rewards, dones, extras = ns["env"], ns["obs_dict"], ns["rewards"], ns["dones"], ns["extras"]
-    assert len(steps) == 20 and obs_dict["obs"] is vec.obs_buf and rewards is vec.rew_buf and dones is vec.reset_buf
+    assert len(steps) == 20 and torch.equal(obs_dict["obs"], vec.obs_buf) and obs_dict["obs"] is not vec.obs_buf
     assert obs_dict["obs"].shape == (8, 3) and dones.dtype == torch.int64
     torch.testing.assert_close(obs_dict["obs"], steps[-1].obs, rtol=0, atol=0)
     torch.testing.assert_close(rewards, steps[-1].reward, rtol=0, atol=0)
@@ -414,9 +652,11 @@ def _check_domain_randomization(ns: dict, rec: _StepRecorder, new_envs: list, ou
 #: One check per ```python block of docs/wrappers.md, in page order.
 DOC_CHECKS = [
     _check_gymnasium_vector,
+    _check_gymnasium_make_vec,
     _check_gymnasium_single,
     _check_torchrl,
     _check_vectask,
+    _check_sb3,
     _check_custom_robot,
     _check_custom_robot_mjx,
     _check_domain_randomization,
@@ -447,10 +687,10 @@ def _run_doc_blocks(include_mjx: bool, monkeypatch, capsys) -> int:
 
 @pytest.mark.timeout(120)
 def test_docs_examples_run(monkeypatch, capsys):
-    assert _run_doc_blocks(include_mjx=False, monkeypatch=monkeypatch, capsys=capsys) == 6
+    assert _run_doc_blocks(include_mjx=False, monkeypatch=monkeypatch, capsys=capsys) == 8
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_docs_examples_run_mjx(monkeypatch, capsys):
-    assert _run_doc_blocks(include_mjx=True, monkeypatch=monkeypatch, capsys=capsys) == 7
+    assert _run_doc_blocks(include_mjx=True, monkeypatch=monkeypatch, capsys=capsys) == 9

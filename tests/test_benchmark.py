@@ -199,7 +199,7 @@ def test_plan_enumerates_cases_and_skips_incompatible():
 @pytest.mark.parametrize(
     "field, value, listed",
     [
-        ("backends", ["mujoco", "nope"], "mujoco, envpool, mjx, gymnasium, ale, toy"),
+        ("backends", ["mujoco", "nope"], "mujoco, envpool, mjx, warp, gymnasium, ale, toy"),
         ("envs", ["antt"], "ant"),
         ("envs", ["Pong"], "<Game>-v5"),
         ("stages", ["envs"], "env, inference, train"),
@@ -222,12 +222,12 @@ def test_cli_unknown_backend_exits_2_with_list():
         cwd=ROOT,
     )
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "unknown backend(s) ['nope']; choose from: mujoco, envpool, mjx, gymnasium, ale, toy" in out.stderr
+    assert "unknown backend(s) ['nope']; choose from: mujoco, envpool, mjx, warp, gymnasium, ale, toy" in out.stderr
 
 
 def test_presets_compose():
     gpu = compose_cfg("preset=gpu")
-    assert (gpu.backends, gpu.device, gpu.num_envs) == (["mjx"], "cuda", [1024, 4096, 16384, 65536])
+    assert (gpu.backends, gpu.device, gpu.num_envs) == (["mjx", "warp"], "cuda", [4096, 16384, 65536])
     assert gpu.stages == ["env", "inference", "train"]
     cpu = compose_cfg("preset=cpu")
     mujoco_peers = ["mujoco_rollout", "envpool_raw", "gymnasium_sync", "gymnasium_async", "torchrl_collector"]

@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from sample_fast.config import ConfigError, TrainConfig, batch_size, resolve, run_dir
 
 CONFIG_DIR = Path(sample_fast.configs.__file__).parent
-GROUPS = ("env", "algo", "sampler", "logging", "distributed")
+GROUPS = ("env", "algo", "sampler", "runner", "replay", "logging", "distributed")
 ENV_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
 PYTHON = sys.executable
 PRESET_TASK = {"ant_v4": "ant", "pong": "Pong-v5", "breakout": "Breakout-v5", "atari": "SpaceInvaders-v5"}
@@ -132,13 +132,13 @@ def test_every_benchmark_preset_composes_and_resolves_to_its_values(preset):
     for key, value in _walk(values):
         node = cfg
         for part in key.split("."):
-            node = getattr(node, part)
+            node = node[part] if isinstance(node, dict) else getattr(node, part)  # train.learner is a dict field
         assert node == value, f"preset={preset}: {key} is {node!r}, the preset sets {value!r}"
 
 
 @pytest.mark.parametrize("env", ENV_PRESETS)
 def test_every_group_option_composes_and_resolves(env):
-    for group in ("algo", "sampler", "logging"):
+    for group in ("algo", "sampler", "runner", "replay", "logging"):
         for option in _options(group):
             cfg = resolve(_compose(*_preset(env), f"{group}={option}"), num_cores=2, cuda=False)
             assert isinstance(cfg, TrainConfig)
@@ -152,14 +152,17 @@ def test_auto_sizes_cpu_and_gpu(env):
     # CPU, 2 cores: MuJoCo C, async, 64 envs per core, every core simulates, learner gets half the cores.
     cpu = resolve(_compose(f"env={env}"), num_cores=2, cuda=False)
     assert (cpu.env.backend, cpu.env.device, cpu.run.mode, cpu.run.device) == ("mujoco", "cpu", "async", "cpu")
-    assert (cpu.env.num_envs, cpu.env.num_threads, cpu.sampler.learner_threads) == (128, 2, 1)
-    # CUDA: MJX on the GPU, serial (sim, inference and learning share the device), 4096 envs.
+    assert (cpu.env.num_envs, cpu.env.num_threads, cpu.runner.learner_threads) == (128, 2, 1)
+    # CUDA: MuJoCo Warp on the GPU (installed here: a pinned dependency; MJX where it does not import), serial
+    # (sim, inference and learning share the device), 4096 envs.
     gpu = resolve(_compose(f"env={env}"), num_cores=8, cuda=True)
-    assert (gpu.env.backend, gpu.env.device, gpu.run.mode, gpu.run.device) == ("mjx", "cuda", "serial", "cuda")
-    assert gpu.env.num_envs == 4096 and gpu.sampler.learner_threads == 4
+    assert (gpu.env.backend, gpu.env.device, gpu.run.mode, gpu.run.device) == ("warp", "cuda", "serial", "cuda")
+    mjx = resolve(_compose(f"env={env}", "env.backend=mjx"), num_cores=8, cuda=True)
+    assert (mjx.env.backend, mjx.env.device, mjx.run.mode) == ("mjx", "cuda", "serial")
+    assert gpu.env.num_envs == 4096 and gpu.runner.learner_threads == 4
     # explicit values are kept
     fixed = resolve(_compose(f"env={env}", "env.num_envs=24", "run.mode=serial"), num_cores=2, cuda=False)
-    assert (fixed.env.num_envs, fixed.run.mode, fixed.sampler.learner_threads) == (24, "serial", 1)
+    assert (fixed.env.num_envs, fixed.run.mode, fixed.runner.learner_threads) == (24, "serial", 1)
 
 
 def test_overrides_from_the_docs():
@@ -194,12 +197,15 @@ def _component_configs() -> dict[str, tuple[type, str]]:
     """TrainConfig section -> (the component whose constructor takes it, that parameter's name)."""
     from sample_fast.learner import Learner
     from sample_fast.policy import ActorCritic
+    from sample_fast.replay import TrajectoryReplay
     from sample_fast.runner import Runner
 
     return {
         "policy": (ActorCritic, "cfg"),
         "learner": (Learner, "cfg"),
+        "replay": (TrajectoryReplay, "cfg"),  # built by wiring.build_replay, handed to Learner(replay=...)
         "sampler": (Runner, "sampler_cfg"),
+        "runner": (Runner, "runner_cfg"),
     }
 
 
@@ -208,7 +214,11 @@ def test_sections_match_component_constructors():
     hints = typing.get_type_hints(TrainConfig)
     for section, (component, param) in _component_configs().items():  # an ImportError of our own code fails
         assert section in fields
-        expected = typing.get_type_hints(component.__init__)[param]
+        # only this parameter's annotation (others may name types imported for type checking only)
+        annotation = component.__init__.__annotations__[param]
+        if isinstance(annotation, str):  # from __future__ import annotations
+            annotation = eval(annotation, vars(sys.modules[component.__module__]))
+        expected = annotation
         if typing.get_args(expected):  # ``Cfg | None``: the constructor's own default when None
             expected = next(a for a in typing.get_args(expected) if a is not type(None))
         assert hints[section] is expected, f"TrainConfig.{section} is {hints[section]}, {component} takes {expected}"
@@ -379,6 +389,26 @@ BACKEND_BAD = [
         ["env=ant", "env.backend=mjx", "+env.options.xla_opt_level=fast"],
         "env.options.xla_opt_level='fast' must be an int >= 0 or None (XLA's default)",
         ("ant", "mjx", {"xla_opt_level": "fast"}),
+    ),
+    (
+        ["env=ant", "env.backend=warp", "+env.options.nconmax=0"],
+        "env.options.nconmax=0 must be an int >= 1 or None (sized per task)",
+        ("ant", "warp", {"nconmax": 0}),
+    ),
+    (
+        ["env=ant", "env.backend=warp", "+env.options.solver=pgs"],
+        "env.options (warp backend): solver must be one of ['cg', 'newton'] or None, got 'pgs'",
+        ("ant", "warp", {"solver": "pgs"}),
+    ),
+    (
+        ["env=ant", "env.backend=warp", "+env.options.xla_opt_level=0"],
+        "xla_opt_level is an option of the mjx backend: use env.backend=mjx, or drop xla_opt_level",
+        ("ant", "warp", {"xla_opt_level": 0}),
+    ),
+    (
+        ["env=ant", "env.backend=mujoco", "+env.options.njmax=64"],
+        "njmax is an option of the warp backend: use env.backend=warp, or drop njmax",
+        ("ant", "mujoco", {"njmax": 64}),
     ),
     (
         ["env=ant", "+env.options.frame_skip=0"],

@@ -1,14 +1,17 @@
 """Generic tests of the env API through ``make()``: bad arguments, the step contract, send/recv misuse and closing,
-run over every backend that imports here (toy, gymnasium, envpool, mujoco, mjx)."""
+run over every backend that imports here (toy, gymnasium, envpool, mujoco, mjx, warp)."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
 import pytest
 import torch
 from sample_fast.envs import EnvError, make
+
+WARP_CACHE = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, ".cache", "warp"))
 
 #: id -> (optional third-party package the case needs, make args, make kwargs). Small envs: these tests check the
 #: API, not physics. Only envpool is optional (pyproject's ``envpool`` extra); every other backend's packages are
@@ -22,6 +25,8 @@ CASES: dict[str, tuple[str | None, tuple, dict]] = {
     "mujoco": (None, ("hopper", 2), {"backend": "mujoco"}),
     # MJX compiles when built (10 s to minutes on a busy 2-core CPU): one module-scoped env, marked slow below.
     "mjx": (None, ("hopper", 2), {"backend": "mjx", "device": "cpu", "contacts": "feet"}),
+    # MuJoCo Warp builds its kernels once into the kernel cache (.cache/warp, kept by CI): ~1 s when cached.
+    "warp": (None, ("hopper", 2), {"backend": "warp", "device": "cpu", "kernel_cache_dir": WARP_CACHE}),
 }
 
 #: The cases as pytest params; building an MJX env compiles, so those run only with --runslow.
@@ -56,7 +61,7 @@ def env(request):
     [
         (("nope", 2), {}, r"unknown env 'nope'; known envs: ant, halfcheetah.*toy, gymnasium:<id>"),
         (("", 2), {}, "non-empty string"),
-        (("ant", 2), {"backend": "physx"}, r"unknown backend 'physx'; choose one of: auto, mujoco, mjx, envpool"),
+        (("ant", 2), {"backend": "physx"}, r"unknown backend 'physx'; choose one of: auto, mujoco, mjx, warp, envpool"),
         (("toy", 2), {"backend": "mujoco"}, "runs only on backend 'toy'"),
         (("ant", 2), {"backend": "toy"}, "backend 'toy' runs only env 'toy'"),
         (("gymnasium:Pendulum-v1", 2), {"backend": "envpool"}, "runs on backend 'gymnasium'"),

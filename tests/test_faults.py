@@ -386,6 +386,12 @@ BAD_INPUT = [
     ("sampler.rollout_len=abc", "sampler.rollout_len=abc: Value 'abc' of type 'str' could not be converted to Integer",
      "the value without this override is sampler.rollout_len=16"),
     ("learner.lr=1e39", "learner.lr=1e+39 is out of range", "the appo preset sets learner.lr=0.003"),
+    # the runner's process settings left the sampler section (issue 14): the old spelling names the new one
+    ("sampler.heartbeat_timeout_s=5", "sampler.heartbeat_timeout_s is not a key of sampler",
+     "did you mean runner.heartbeat_timeout_s?"),
+    ("sampler.learner_threads=1", "sampler.learner_threads is not a key of sampler",
+     "did you mean runner.learner_threads?"),
+    ("runner.poll_s=0", "runner.poll_s must be > 0, got 0.0", ""),
 ]  # fmt: skip
 
 
@@ -399,7 +405,9 @@ def test_bad_input_is_one_line_naming_the_key(override, what, hint, tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("override", ["+run.time_limit=30", "sampler.rollout_len=abc", "learner.lr=1e39", "algo=ppo"])
+@pytest.mark.parametrize(
+    "override", ["+run.time_limit=30", "sampler.rollout_len=abc", "learner.lr=1e39", "algo=ppo", "sampler.poll_s=0.1"]
+)
 def test_bad_input_exits_2_with_one_line(tmp_path, override):
     proc = subprocess.run([PYTHON, "-m", "sample_fast.train", "env=toy", override, f"run.dir={tmp_path / 'r'}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=110)  # fmt: skip

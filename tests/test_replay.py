@@ -189,9 +189,9 @@ def test_beta_annealing_and_segment_count():
     assert replay.beta(500) == pytest.approx(0.7)
     assert replay.beta(5000) == pytest.approx(1.0)
     assert replay.num_segments_for(32) == 4  # 0.5 * 32 columns / 4 per segment
-    with pytest.raises(ReplayConfigError, match="replay_segment_envs"):
+    with pytest.raises(ReplayConfigError, match=r"try replay.segment_envs=3"):  # 3 divides 6 and is nearest 4
         replay.add(make_batch(0, num_envs=6))
-    with pytest.raises(ReplayConfigError, match="replay_ratio"):
+    with pytest.raises(ReplayConfigError, match=r"replay.ratio must be >= 0"):
         ReplayConfig(ratio=-1.0).validate()
 
 
@@ -247,22 +247,39 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
+def replay_learner_for(policy, cfg, **replay):
+    """A learner with a replay memory of ``ReplayConfig(**replay)``, built as the trainer builds it."""
+    from sample_fast.learner import Learner
+    from sample_fast.wiring import build_replay
+
+    return Learner(policy, cfg, replay=build_replay(ReplayConfig(**replay), "cpu", seed=cfg.seed))
+
+
 @pytest.mark.timeout(60)
 def test_learner_replay_off_by_default_and_validated():
-    from sample_fast.learner import Learner, LearnerConfig, LearnerConfigError
+    import dataclasses
+
+    from sample_fast.learner import Learner, LearnerConfig
+    from sample_fast.wiring import build_learner, build_replay
 
     assert Learner(small_policy(), LearnerConfig()).replay is None
-    with pytest.raises((LearnerConfigError, ReplayConfigError), match="replay_alpha"):
-        LearnerConfig(replay_ratio=0.5, replay_alpha=-1.0).validate()
+    assert build_replay(ReplayConfig(), "cpu") is None  # ratio 0: no memory
+    assert not any(f.name.startswith("replay") for f in dataclasses.fields(LearnerConfig))  # its own section now
+    with pytest.raises(ReplayConfigError, match="replay.alpha"):
+        build_replay(ReplayConfig(ratio=0.5, alpha=-1.0), "cpu")
+    # the trainer's learner builder hands the memory of the replay: section to the learner
+    on = ReplayConfig(ratio=0.5, capacity=7)
+    learner = build_learner(small_policy(), LearnerConfig(), "cpu", 1000, replay_cfg=on)
+    assert isinstance(learner.replay, TrajectoryReplay) and learner.replay.cfg.capacity == 7
+    assert build_learner(small_policy(), LearnerConfig(), "cpu", 1000, replay_cfg=ReplayConfig()).replay is None
 
 
 @pytest.mark.timeout(60)
 def test_learner_step_with_replay_trains_on_replayed_segments(one_thread):
-    from sample_fast.learner import Learner, LearnerConfig
+    from sample_fast.learner import LearnerConfig
 
     policy = small_policy()
-    cfg = LearnerConfig(replay_ratio=0.5, replay_segment_envs=2, replay_capacity=8, num_minibatches=2)
-    learner = Learner(policy, cfg)
+    learner = replay_learner_for(policy, LearnerConfig(num_minibatches=2), ratio=0.5, segment_envs=2, capacity=8)
     first = learner.train(learner_batch(policy, seed=0, version=0))
     assert first["replay_segments"] == 0 and first["replay_size"] == 4  # empty memory; B = 8 -> 4 segments stored
     second = learner.train(learner_batch(policy, seed=1, version=1))
@@ -283,13 +300,12 @@ def test_zero_weight_replayed_segment_contributes_no_gradient(one_thread):
     # With the IS weights forced to 0 the replayed data must not change the update; with weights 1 it must.
     import copy
 
-    from sample_fast.learner import Learner, LearnerConfig
+    from sample_fast.learner import LearnerConfig
 
     def run(replay_seed: int, weight: float) -> list[torch.Tensor]:
         policy = small_policy(seed=0)
-        cfg = LearnerConfig(replay_ratio=0.25, replay_segment_envs=2, num_epochs=1, num_minibatches=1,
-                            normalize_advantages=False, scale_rewards=False)  # fmt: skip
-        learner = Learner(policy, cfg)
+        cfg = LearnerConfig(num_epochs=1, num_minibatches=1, normalize_advantages=False, scale_rewards=False)
+        learner = replay_learner_for(policy, cfg, ratio=0.25, segment_envs=2)
         learner.replay.add(learner_batch(copy.deepcopy(policy), seed=replay_seed))
         draw = learner.replay.sample
         learner.replay.sample = lambda *a: draw(*a)._replace(weights=torch.full((8, 2), weight))
@@ -306,12 +322,12 @@ def test_zero_weight_replayed_segment_contributes_no_gradient(one_thread):
 
 @pytest.mark.timeout(60)
 def test_replay_age_limit_replaces_policy_lag_mask(one_thread):
-    from sample_fast.learner import Learner, LearnerConfig
+    from sample_fast.learner import LearnerConfig
 
     def replay_metrics(max_age: int) -> dict[str, float]:
         policy = small_policy()
-        cfg = LearnerConfig(replay_ratio=0.5, replay_segment_envs=2, max_policy_lag=0, replay_max_age=max_age)
-        learner = Learner(policy, cfg)
+        learner = replay_learner_for(policy, LearnerConfig(max_policy_lag=0), ratio=0.5, segment_envs=2,
+                                     max_age=max_age)  # fmt: skip
         learner.replay.add(learner_batch(policy, seed=3, version=0))
         learner.policy_version = 50  # the stored segments are 50 versions old
         return learner.train(learner_batch(policy, seed=4, version=50))
@@ -334,9 +350,9 @@ def toy_policy():
 
 
 def replay_learner(policy):
-    from sample_fast.learner import Learner, LearnerConfig
+    from sample_fast.learner import LearnerConfig
 
-    return Learner(policy, LearnerConfig(replay_ratio=0.5, replay_segment_envs=2, replay_capacity=16))
+    return replay_learner_for(policy, LearnerConfig(), ratio=0.5, segment_envs=2, capacity=16)
 
 
 @pytest.mark.timeout(120)
@@ -346,11 +362,12 @@ def test_runner_trains_with_replay_in_both_modes(mode, one_thread):
 
     from sample_fast.envs import make
 
-    from sample_fast.runner import Runner
+    from sample_fast.runner import Runner, RunnerConfig
     from sample_fast.sampler import SamplerConfig
 
-    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0, poll_s=0.05, shutdown_timeout_s=5.0)
-    runner = Runner(functools.partial(make, "toy", 16), toy_policy, replay_learner, cfg, mode=mode)
+    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0)
+    rcfg = RunnerConfig(poll_s=0.05, shutdown_timeout_s=5.0)
+    runner = Runner(functools.partial(make, "toy", 16), toy_policy, replay_learner, cfg, rcfg, mode=mode)
     summary = runner.run(total_env_steps=8 * 8 * 12)
     replay = runner.learner.replay
     assert summary["env_steps"] >= 8 * 8 * 12
@@ -365,10 +382,26 @@ def test_train_config_rejects_segment_width_that_does_not_divide_the_batch():
 
     from sample_fast.config import ConfigError, resolve, to_train_config
 
-    overrides = ["env=halfcheetah", "env.num_envs=64", "learner.replay_ratio=0.5"]  # B = 64 / 2 splits = 32
+    overrides = ["env=halfcheetah", "env.num_envs=64", "replay.ratio=0.5"]  # B = 64 / 2 splits = 32
     with initialize_config_module(config_module="sample_fast.configs", version_base=None):
-        good = compose("train", overrides=[*overrides, "learner.replay_segment_envs=8"])
-        bad = compose("train", overrides=[*overrides, "learner.replay_segment_envs=7"])
-    assert resolve(to_train_config(good)).learner.replay_segment_envs == 8
-    with pytest.raises(ConfigError, match="try learner.replay_segment_envs=8"):
+        good = compose("train", overrides=[*overrides, "replay.segment_envs=8"])
+        bad = compose("train", overrides=[*overrides, "replay.segment_envs=7"])
+        preset = compose("train", overrides=["env=halfcheetah", "replay=prioritized"])
+        bad_alpha = compose("train", overrides=["env=halfcheetah", "replay.ratio=0.5", "replay.alpha=-1"])
+    assert resolve(to_train_config(good)).replay.segment_envs == 8
+    assert resolve(to_train_config(preset)).replay.ratio == 0.5
+    with pytest.raises(ConfigError, match="try replay.segment_envs=8"):
         resolve(to_train_config(bad))
+    with pytest.raises(ConfigError, match=r"replay.alpha must be >= 0"):
+        resolve(to_train_config(bad_alpha))
+
+
+@pytest.mark.parametrize("old", ["ratio", "capacity", "segment_envs", "alpha", "beta", "beta_steps", "max_age",
+                                 "priority"])  # fmt: skip
+def test_old_learner_replay_spellings_name_the_replay_section(old):
+    from sample_fast import cli
+    from sample_fast.config import ConfigError
+
+    expected = rf"learner.replay_{old} is not a key of learner.*did you mean replay.{old}\?"
+    with pytest.raises(ConfigError, match=expected):
+        cli.preflight(["env=toy", f"learner.replay_{old}=1"])

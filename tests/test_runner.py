@@ -20,7 +20,7 @@ from sample_fast.envs.toy import ToyEnv
 from test_sampler import ACTION_STEP, LOG_STD, VersionPolicy, check_batch, toy_env
 
 from sample_fast.procs import SharedRngState, leaked_shm, pid_alive, shm_entries
-from sample_fast.runner import Runner, SamplerError
+from sample_fast.runner import Runner, RunnerConfig, SamplerError
 from sample_fast.sampler import SamplerConfig
 
 OUR_SHM_PREFIXES = ("sem.mp-", "torch_", "psm_")
@@ -84,26 +84,20 @@ class FailingToy(ToyEnv):
 
 
 def _cfg(**kw) -> SamplerConfig:
+    return SamplerConfig(**{"rollout_len": 8, "num_splits": 2, "num_slots": 4, "seed": 0, **kw})
+
+
+def _rcfg(**kw) -> RunnerConfig:
     # forkserver with torch and these test modules preloaded: after the first start, a sampler process starts in
     # ~0.2 s instead of a fresh spawn's several seconds. The SIGTERM test's runner uses spawn, the default.
-    base = dict(
-        rollout_len=8,
-        num_splits=2,
-        num_slots=4,
-        seed=0,
-        poll_s=0.05,
-        shutdown_timeout_s=5.0,
-        mp_start_method="forkserver",
-    )
-    base.update(kw)
-    return SamplerConfig(**base)
+    return RunnerConfig(**{"poll_s": 0.05, "shutdown_timeout_s": 5.0, "mp_start_method": "forkserver", **kw})
 
 
-def _runner(mode: str, env_fn=None, delay_s: float = 0.0, **cfg_kw) -> tuple[Runner, RecordingHooks]:
+def _runner(mode: str, env_fn=None, delay_s: float = 0.0, **rcfg_kw) -> tuple[Runner, RecordingHooks]:
     hooks = RecordingHooks()
     env_fn = env_fn or functools.partial(toy_env, 6)
-    runner = Runner(env_fn, VersionPolicy, functools.partial(CheckingLearner, delay_s=delay_s), _cfg(**cfg_kw),
-                    mode=mode, hooks=hooks)  # fmt: skip
+    runner = Runner(env_fn, VersionPolicy, functools.partial(CheckingLearner, delay_s=delay_s), _cfg(),
+                    _rcfg(**rcfg_kw), mode=mode, hooks=hooks)  # fmt: skip
     hooks.runner = runner
     return runner, hooks
 
@@ -251,7 +245,7 @@ def test_sampler_rng_starts_from_the_given_state_and_is_published(mode):
     state a resumed run passes in, and ``sampler_rng_state()`` returns a state of that same stream."""
     start = torch.Generator().manual_seed(1234).get_state()
     hooks = RecordingHooks()
-    runner = Runner(functools.partial(toy_env, 6), VersionPolicy, NoiseRecordingLearner, _cfg(), mode=mode,
+    runner = Runner(functools.partial(toy_env, 6), VersionPolicy, NoiseRecordingLearner, _cfg(), _rcfg(), mode=mode,
                     hooks=hooks, sampler_rng_state=start)  # fmt: skip
     hooks.runner = runner
     published_during_run = []
@@ -294,7 +288,7 @@ _SIGTERM_SCRIPT = """
 import functools, math, time
 import torch
 from sample_fast.envs import make
-from sample_fast.runner import Runner
+from sample_fast.runner import Runner, RunnerConfig
 from sample_fast.sampler import SamplerConfig
 
 class Policy(torch.nn.Module):  # a minimal ActorCritic stand-in (self-contained: the child imports only this file)
@@ -322,8 +316,9 @@ class Hooks:
         print("ON_STOP", reason, runner.process.is_alive(), flush=True)
 
 if __name__ == "__main__":
-    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0, poll_s=0.05)
-    runner = Runner(functools.partial(make, "toy", 6), Policy, Learner, cfg, mode="async", hooks=Hooks())
+    cfg = SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0)
+    runner = Runner(functools.partial(make, "toy", 6), Policy, Learner, cfg, RunnerConfig(poll_s=0.05), mode="async",
+                    hooks=Hooks())
     summary = runner.run(total_env_steps=10**9)
     print("SUMMARY", summary["reason"], flush=True)
 """

@@ -13,6 +13,7 @@ from sample_fast.envs import Spec, make
 from sample_fast.envs.toy import ToyEnv
 
 from sample_fast.param_store import ParamStore
+from sample_fast.runner import RunnerConfig
 from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, build_split_envs
 from sample_fast.trajectory_store import TrajectoryStore
 
@@ -246,8 +247,10 @@ def test_episode_ring_overflow_is_counted_not_fatal():
 def test_config_errors_name_the_fix():
     with pytest.raises(ValueError, match="try num_slots=4"):
         SamplerConfig(num_splits=2, num_slots=2)
-    with pytest.raises(ValueError, match="spawn or forkserver"):
-        SamplerConfig(mp_start_method="fork")
+    with pytest.raises(ValueError, match="runner.mp_start_method must be spawn or forkserver"):
+        RunnerConfig(mp_start_method="fork")
+    with pytest.raises(TypeError, match="mp_start_method"):  # a runner setting, not the sampler's any more
+        SamplerConfig(mp_start_method="spawn")
     with pytest.raises(ValueError, match="different env groups"):
         sizes = iter([2, 3])
         build_split_envs(lambda: make("toy", next(sizes)), 2)

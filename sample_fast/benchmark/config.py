@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 STAGES = ("env", "inference", "train")
-SUITE_BACKENDS = ("mujoco", "envpool", "mjx", "gymnasium", "ale", "toy")
+SUITE_BACKENDS = ("mujoco", "envpool", "mjx", "warp", "gymnasium", "ale", "toy")
 #: Peers measured in the same run, in report order. ``mujoco_rollout`` is the physical limit.
 #: Atari games (``<Game>-v5``) are measured by the Atari peers (envpool_raw, envpool_raw_async, ale_vector_raw,
 #: gymnasium_sync, cleanrl_ppo, sample_factory); the MuJoCo-only ones are skipped with a line.
@@ -94,9 +94,10 @@ class BenchmarkConfig:
     seconds_per_repeat: float = 3.0
     warmup_s: float = 1.0  #: untimed seconds after the first (compiling) step
     measure_timeout_s: float = 300.0  #: budget of one case, start-up and compilation included
-    #: Cases run in a child process with a hard timeout: none, mjx (MJX can hang in native code), all.
+    #: Cases run in a child process with a hard timeout: none, mjx (the device simulators mjx and warp: MJX can hang
+    #: in native code, and each gets a fresh GPU context), all.
     isolate: str = "mjx"
-    device: str = "auto"  #: where mjx and the policy run: auto (cuda when available), cpu, cuda
+    device: str = "auto"  #: where mjx, warp and the policy run: auto (cuda when available), cpu, cuda
     num_threads: int = 0  #: simulator threads (mujoco backend, envpool, mujoco_rollout); 0 = all cores
     torch_threads: int = 1  #: torch intra-op threads for inference (1 is best when the simulator owns the cores)
     #: Policy MLP of the inference and train stages (and the torchrl peer): the trainer's default (algo/appo.yaml).

@@ -45,6 +45,8 @@ PACKAGES = (
     "numba",
     "mujoco",
     "mujoco-mjx",
+    "mujoco-warp",
+    "warp-lang",
     "jax",
     "jaxlib",
     "envpool",

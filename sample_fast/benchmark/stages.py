@@ -26,7 +26,7 @@ from sample_fast.envs import TASKS, BatchedEnv, EnvError
 from sample_fast.envs.atari import is_atari_name
 from sample_fast.learner import LearnerConfig
 from sample_fast.policy import PolicyConfig
-from sample_fast.runner import Runner
+from sample_fast.runner import Runner, RunnerConfig
 from sample_fast.sampler import SamplerConfig
 
 from .config import BenchmarkConfig, num_threads
@@ -68,8 +68,8 @@ def compatible(backend: str, env: str) -> str | None:
 
 
 def resolve_device(cfg: BenchmarkConfig, backend: str) -> str:
-    """mjx (and toy) run on ``cfg.device``; the CPU simulators always on the CPU."""
-    if backend not in ("mjx", "toy"):
+    """mjx, warp (and toy) run on ``cfg.device``; the CPU simulators always on the CPU."""
+    if backend not in ("mjx", "warp", "toy"):
         return "cpu"
     if cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -144,14 +144,29 @@ def measure_env(case: Case, cfg: BenchmarkConfig) -> CaseResult:
                 float(state["last"].reward[0])  # SYNC: waits for the device (MJX dispatches asynchronously)
 
         rates = timed_windows(step, sync, _timing(cfg), started_s=t0)
-        return CaseResult(rates, int(env.frame_skip), str(env.device), extra=_env_extra(env))
+        return CaseResult(rates, int(env.frame_skip), str(env.device), extra={**_env_extra(env), **gpu_memory(env)})
     finally:
         env.close()
 
 
+def gpu_memory(env: BatchedEnv) -> dict[str, Any]:
+    """GPU memory in use on the env's CUDA device, all allocators and processes together (Warp's and JAX's own pools
+    are invisible to torch's counters): ``total - free`` from the driver, and torch's peak. {} on the CPU."""
+    if env.device.type != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info(env.device)
+    return {
+        "gpu_mem_used_gib": round((total - free) / 2**30, 3),
+        "gpu_mem_total_gib": round(total / 2**30, 3),
+        "torch_max_allocated_gib": round(torch.cuda.max_memory_allocated(env.device) / 2**30, 3),
+    }
+
+
 def _env_extra(env: BatchedEnv) -> dict[str, Any]:
+    """Per-case facts of the env: obs shape, threads, and for device simulators the compile (or kernel-cache load)
+    time, the contact/constraint buffer sizes and whether the step is a CUDA graph."""
     extra: dict[str, Any] = {"obs_shape": list(env.observation_spec.shape)}
-    for attr in ("num_threads",):
+    for attr in ("num_threads", "compile_s", "nconmax", "njmax", "cuda_graph"):
         if hasattr(env, attr):
             extra[attr] = getattr(env, attr)
     return extra
@@ -211,6 +226,8 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
 
         rates = timed_windows(step, sync, _timing(cfg), started_s=t0)
         extra = {"num_splits": num_splits, "rollout_len": cfg.rollout_len, "torch_threads": cfg.torch_threads}
+        extra.update({k: v for k, v in _env_extra(first).items() if k != "obs_shape"})
+        extra.update(gpu_memory(first))
         return CaseResult(rates, int(first.frame_skip), str(first.device), extra=extra)
     finally:
         torch.set_num_threads(old_threads)
@@ -230,13 +247,18 @@ def build_learner(policy: torch.nn.Module, device: str, overrides: dict[str, Any
 class _RateHooks:
     """RunnerHooks that time windows of ``on_train`` points and stop the run when enough are collected."""
 
-    def __init__(self, timing: Timing):
+    def __init__(self, timing: Timing, device: torch.device | None = None):
         self.recorder = WindowRecorder(timing)
         self.runner: Any = None
         self.num_trains = 0
+        self.device = device  # a CUDA device: the most GPU memory in use at any on_train (env, policy, learner)
+        self.gpu_mem_used_gib = 0.0
 
     def on_train(self, env_steps: int, metrics: dict[str, float]) -> None:
         self.num_trains += 1
+        if self.device is not None and self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.gpu_mem_used_gib = max(self.gpu_mem_used_gib, round((total - free) / 2**30, 3))
         self.recorder.add(time.perf_counter(), env_steps)
         if self.recorder.done and self.runner is not None:
             self.runner.request_stop()
@@ -265,6 +287,8 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         num_slots=2 * num_splits,
         seed=cfg.seed,
         inference_threads=cfg.torch_threads,
+    )
+    rcfg = RunnerConfig(
         # 0: half the cores, as sample_fast.config.resolve gives the trainer (torch's pool slows down many-fold
         # when its threads fight the simulator's for the cores)
         learner_threads=tcfg.learner_threads or max(1, (os.cpu_count() or 1) // 2),
@@ -273,12 +297,12 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         startup_timeout_s=max(300.0, cfg.measure_timeout_s),
     )
     timing = _timing(cfg)
-    hooks = _RateHooks(timing)
+    hooks = _RateHooks(timing, torch.device(device))
     policy_fn = functools.partial(build_policy, obs_spec, act_spec, list(cfg.policy_hidden_sizes), str(device))
     learner_fn = functools.partial(build_learner, device=str(device), overrides=dict(tcfg.learner))
     old_threads = torch.get_num_threads()
     try:
-        runner = Runner(env_fn, policy_fn, learner_fn, scfg, mode=tcfg.mode, hooks=hooks)
+        runner = Runner(env_fn, policy_fn, learner_fn, scfg, rcfg, mode=tcfg.mode, hooks=hooks)
         hooks.runner = runner
         summary = runner.run(total_env_steps=2**62, time_limit_s=cfg.measure_timeout_s)
     finally:
@@ -298,6 +322,8 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         "train_calls": hooks.num_trains,
         "learner": dict(tcfg.learner),
     }
+    if hooks.gpu_mem_used_gib:
+        extra["gpu_mem_used_gib"] = hooks.gpu_mem_used_gib
     return CaseResult(hooks.recorder.rates, int(frame_skip), str(device), extra=extra)
 
 

@@ -66,12 +66,17 @@ def run_case(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     return STAGE_FUNCTIONS[case.stage](case, cfg)
 
 
+#: Backends that simulate on ``cfg.device`` (isolate=mjx runs them in a child process).
+DEVICE_BACKENDS = ("mjx", "warp")
+
+
 def _isolated(case: Case, cfg: BenchmarkConfig) -> bool:
-    return cfg.isolate == "all" or (cfg.isolate == "mjx" and case.kind == "sample_fast" and case.name == "mjx")
+    device_sim = case.kind == "sample_fast" and case.name in DEVICE_BACKENDS
+    return cfg.isolate == "all" or (cfg.isolate == "mjx" and device_sim)
 
 
 #: Backend options that change neither physics nor episodes, so rows using them need no note.
-NON_PHYSICS_OPTIONS = ("compilation_cache_dir", "num_threads", "step_timeout_s")
+NON_PHYSICS_OPTIONS = ("compilation_cache_dir", "kernel_cache_dir", "cuda_graph", "num_threads", "step_timeout_s")
 
 
 def _options_note(case: Case, cfg: BenchmarkConfig) -> str:
