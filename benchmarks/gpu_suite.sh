@@ -70,11 +70,36 @@ if [ -f benchmarks/bench_advantages.py ]; then
 else
   echo "gpu_suite: benchmarks/bench_advantages.py not found; advantage kernels skipped"
 fi
+# --- distributed=ddp, 1 rank on a real NCCL group (docs/distributed.md): the wrapper's overhead against the same
+# training run in one process. GPU_SUITE_DDP=0 skips it. Each run: its own run dir, progress.csv and exit line.
+if [ "${GPU_SUITE_DDP:-1}" = "1" ]; then
+  if [ "${GPU_SUITE_SMOKE:-0}" = "1" ]; then
+    DDP_ARGS="env=toy run.device=cpu"; DDP_S=15; T_DDP=120
+  else
+    DDP_ARGS="env=ant"; DDP_S=60; T_DDP=150
+  fi
+  for ddp_case in plain ddp; do
+    ddp_dir="$OUT_DIR/distributed_$ddp_case"
+    if [ $ddp_case = plain ]; then ddp_cmd=("$PY" -m sample_fast.train)
+    else ddp_cmd=("$PY" -m torch.distributed.run --nproc_per_node=1 -m sample_fast.train distributed=ddp); fi
+    # shellcheck disable=SC2086  # DDP_ARGS is a list of overrides
+    section "distributed $ddp_case (1 rank)" "$T_DDP" "${ddp_cmd[@]}" $DDP_ARGS "run.dir=$ddp_dir" \
+      run.total_env_steps=1e10 "run.time_limit_s=$DDP_S" logging.progress=plain logging.interval_s=5 \
+      logging.tensorboard=false logging.plot=false > "$OUT_DIR/distributed_$ddp_case.log" 2>&1
+    tail -3 "$OUT_DIR/distributed_$ddp_case.log"
+  done
+  {
+    echo "## distributed=ddp, 1 rank vs 1 process ($DDP_ARGS, ${DDP_S} s each; progress.csv fps rows)"
+    for ddp_case in plain ddp; do
+      echo "- $ddp_case: $(grep -E '^steps ' "$OUT_DIR/distributed_$ddp_case.log" | tail -2 | head -1)"
+    done
+  } > "$OUT_DIR/distributed.md"
+fi
 {
   echo "# sample_fast GPU suite ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname))"
   echo
   for f in "$OUT_DIR"/warp_compile.md "$OUT_DIR"/gpu_env_*.md "$OUT_DIR"/gpu_inference_*.md "$OUT_DIR"/gpu_train_*.md \
-    "$OUT_DIR"/advantages_*.md; do
+    "$OUT_DIR"/advantages_*.md "$OUT_DIR"/distributed.md; do
     [ -f "$f" ] && { cat "$f"; echo; }
   done
 } > "$OUT_DIR/gpu_suite.md"

@@ -22,6 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from .distributed import DistributedConfig
 from .envs.atari import is_atari_name
 from .learner import LearnerConfig
 from .policy import PolicyConfig
@@ -120,7 +121,8 @@ class DebugConfig:
 
 @dataclass
 class TrainConfig:
-    """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, runner, replay, logging."""
+    """Root config of ``python -m sample_fast.train``. Groups: env, algo, sampler, runner, replay, logging,
+    distributed."""
 
     algo: str = "appo"  #: the algorithm (APPO with V-trace targets); the algo group sets learner/policy values
     restart: bool = False  #: start over in an existing run dir (the old one is moved aside, never deleted)
@@ -134,6 +136,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     logging: LogConfig = field(default_factory=LogConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 def register_configs() -> None:
@@ -313,6 +316,37 @@ def _check_policy(cfg: TrainConfig) -> None:
         raise ConfigError(f"{e} (env {env.name})") from None
 
 
+def _check_distributed(dist_cfg: DistributedConfig, environ: Any):
+    """The torchrun worker's LaunchInfo for distributed=ddp (None for none); ConfigError saying how to launch."""
+    from .distributed import launch_info
+
+    try:
+        dist_cfg.validate()
+    except ValueError as e:
+        raise ConfigError(f"distributed.{e}") from None
+    try:
+        return launch_info(environ) if dist_cfg.mode == "ddp" else None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _fit_distributed(cfg: TrainConfig, launch: Any) -> None:
+    """This rank's devices and the collective backend (resolve, distributed=ddp)."""
+    from .distributed import rank_device
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    cfg.run.device = rank_device(cfg.run.device, launch.local_rank, gpus)
+    cfg.env.device = rank_device(cfg.env.device, launch.local_rank, gpus)
+    dist_cfg, on_cuda = cfg.distributed, torch.device(cfg.run.device).type == "cuda"
+    if dist_cfg.backend == "auto":
+        dist_cfg.backend = "nccl" if on_cuda else "gloo"
+    elif dist_cfg.backend == "nccl" and not on_cuda:
+        raise ConfigError(
+            f"distributed.backend=nccl needs the learner on CUDA (run.device={cfg.run.device}); use "
+            "distributed.backend=gloo (or auto)"
+        )
+
+
 def _check_replay(replay: ReplayConfig, columns: int) -> None:
     """Replayed segments are ``[T, replay.segment_envs]`` column chunks of a batch of ``columns`` env columns."""
     if replay.ratio and replay.segment_envs > 0 and columns % replay.segment_envs:
@@ -370,7 +404,9 @@ def _env_has_trials(env: EnvConfig) -> bool:
 
 
 # ----- resolve ---------------------------------------------------------------------------------------------------
-def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: bool | None = None) -> TrainConfig:
+def resolve(
+    cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: bool | None = None, environ: Any = None
+) -> TrainConfig:
     """Check ``cfg`` and return a copy with every ``auto``/0 value fitted to this machine.
 
     Raises ``ConfigError`` (naming the field and the fix) on any invalid or inconsistent setting. It starts no
@@ -389,6 +425,9 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
       * env.num_threads: every core; runner.learner_threads: half the cores (torch's thread pool slows down
         many-fold when it competes with the simulator threads for cores).
       * learner.seed and sampler.seed (when null) follow run.seed.
+      * distributed=ddp (a torchrun worker; ``environ`` defaults to os.environ): the sizes above are fitted to this
+        rank's share of the cores (cores / LOCAL_WORLD_SIZE), cuda devices become the rank's own GPU
+        (cuda:<LOCAL_RANK mod GPUs>), distributed.backend auto is nccl with the learner on CUDA, else gloo.
     """
     cfg = to_train_config(cfg)
     cfg = dataclasses.replace(
@@ -401,9 +440,13 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
         replay=dataclasses.replace(cfg.replay),
         policy=dataclasses.replace(cfg.policy),
         logging=dataclasses.replace(cfg.logging),
+        distributed=dataclasses.replace(cfg.distributed),
     )
     num_cores = cpu_cores() if num_cores is None else num_cores
     cuda = torch.cuda.is_available() if cuda is None else cuda
+    launch = _check_distributed(cfg.distributed, environ)
+    if launch is not None:  # each rank of this machine sizes itself for its share of the cores
+        num_cores = max(1, num_cores // launch.local_world_size)
     env, run, sampler, log = cfg.env, cfg.run, cfg.sampler, cfg.logging
 
     if cfg.algo not in ALGOS:
@@ -431,6 +474,8 @@ def resolve(cfg: DictConfig | TrainConfig, num_cores: int | None = None, cuda: b
     sim_on_gpu = torch.device(env.device).type == "cuda"
     if run.mode == "auto":
         run.mode = "serial" if sim_on_gpu else "async"
+    if launch is not None:
+        _fit_distributed(cfg, launch)
 
     # sampler and sizes
     _positive("sampler.rollout_len", sampler.rollout_len)

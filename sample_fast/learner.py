@@ -175,6 +175,8 @@ class ReturnScaler:
         self.gamma = gamma
         self.eps = eps
         self.returns: Tensor | None = None  # [B] float32
+        #: distributed: merges the batch's (count, mean, var) with the other ranks' (sample_fast.distributed.Sync)
+        self.merge: Any = None
         self.count = 0.0
         self.mean = 0.0
         self.var = 1.0
@@ -195,6 +197,8 @@ class ReturnScaler:
         n = float(x.numel())
         # SYNC: two scalars read back per batch.
         batch_mean, batch_var = float(x.mean()), float(x.var(unbiased=False))
+        if self.merge is not None:  # distributed: every rank applies the all-ranks batch's moments
+            n, batch_mean, batch_var = self.merge(n, batch_mean, batch_var)
         total = self.count + n
         delta = batch_mean - self.mean
         m2 = self.var * self.count + batch_var * n + delta * delta * self.count * n / total
@@ -259,6 +263,8 @@ class Learner:
         self._good_updates = 0
         self._good_state: dict[str, Any] = {}
         self._snapshot_good_state()
+        #: distributed=ddp: the collectives (sample_fast.distributed.Sync); None in a single process.
+        self.sync: Any = None
         #: Prioritized trajectory replay, built from the ``replay:`` section by its owner (``wiring.build_replay``);
         #: None = off. Its memory is not checkpointed (docs/replay.md).
         self.replay = replay
@@ -354,7 +360,10 @@ class Learner:
         # 1. Observation statistics first, so targets and loss below see one consistent normaliser (the change
         #    relative to the behaviour policy's statistics is corrected by V-trace's importance ratios). Rows
         #    0..T-1 only: row T is the next slot's row 0 and would be counted twice.
-        self.policy.update_normalizer(data["obs"][:-1])
+        if self.sync is not None:  # distributed: the statistics of all ranks' batches, identical on every rank
+            self.policy.update_normalizer(data["obs"][:-1], merge=self.sync.moments)
+        else:
+            self.policy.update_normalizer(data["obs"][:-1])
         # 2. Raw reward clipping, then scaling (statistics updated with this batch, then applied).
         if cfg.raw_reward_clip is not None:
             rewards = rewards.clamp(-cfg.raw_reward_clip, cfg.raw_reward_clip)
@@ -425,7 +434,8 @@ class Learner:
                 first_targets = first_targets if first_targets is not None else targets
                 adv_f = targets.pg_advantages.reshape(flat)
                 if cfg.normalize_advantages:
-                    adv_f = normalize_advantages(adv_f, mask)
+                    norm = self.sync.normalize_advantages if self.sync is not None else normalize_advantages
+                    adv_f = norm(adv_f, mask)
                 vs_f = targets.value_targets.reshape(flat)
                 old_v_f = targets.values.reshape(flat)
             if prep.num_epochs == 0:
@@ -485,7 +495,8 @@ class Learner:
         metrics["masked_frac"] = 1.0 - mask.float().mean() if mask is not None else torch.zeros(())
         out = {k: float(v) for k, v in metrics.items()}  # SYNC: metrics read back once per train call
         if self.cfg.lr_schedule == "kl_adaptive" and "kl" in out:
-            self._adapt_lr(out["kl"])
+            # distributed: the ranks' mean KL, so that every rank adapts its learning rate alike
+            self._adapt_lr(self.sync.mean_scalar(out["kl"]) if self.sync is not None else out["kl"])
         out.update(
             lr=self.current_lr(), num_updates=float(num_updates), nonfinite_skips=float(self.nonfinite_skips),
             rollbacks=float(self.rollbacks), policy_version=float(self.policy_version),
@@ -501,13 +512,15 @@ class Learner:
         updates of this call), lr, adv_mean, adv_std (raw V-trace advantages), explained_variance, masked_frac,
         num_updates (this call), and the cumulative nonfinite_skips and rollbacks.
         """
+        if self.sync is not None:
+            self.sync.begin_update()  # distributed: a rank that does not arrive is named within the timeout
         prep = self._prepare(batch)
         updates_before = self.num_updates
         first_targets, last_targets, sums, rolled_back = self._optimize(prep)
         num_updates = self.num_updates - updates_before
         version_before = self.policy_version
         # INVARIANT: the one place env steps are counted; fresh steps only (replayed ones were counted when fresh).
-        self.env_steps += prep.num_steps * prep.num_envs
+        self.env_steps += prep.num_steps * prep.num_envs * (self.sync.world_size if self.sync is not None else 1)
         if num_updates > 0 or rolled_back:
             self.policy_version += 1
         extra: dict[str, Tensor] = {}
@@ -573,10 +586,13 @@ class Learner:
             loss = loss + cfg.kl_coef * kl
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        check = loss
+        if self.sync is not None:  # SYNC: distributed: the ranks' mean gradient (and loss), one all_reduce
+            check = self.sync.grads(self.params, loss)
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         # SYNC: one host read per minibatch decides whether the step is taken.
-        if not bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):
+        if not bool(torch.isfinite(check) & torch.isfinite(grad_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             self.nonfinite_skips += 1
             self.consecutive_skips += 1

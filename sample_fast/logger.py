@@ -333,6 +333,9 @@ class ProgressLogger:
             f"fps {_fmt(row['fps'])}",
             f"return {_fmt(row['episode_return_mean'])}",
         ]
+        ranks = [row[k] for k in sorted((k for k in row if k.startswith("fps_rank")), key=lambda k: int(k[8:]))]
+        if ranks and sum(ranks) > 0:  # distributed: each rank's share of the env steps/s
+            parts.append("ranks " + "/".join(f"{100 * f / sum(ranks):.0f}%" for f in ranks))
         if "policy_lag_mean" in row:
             parts.append(f"lag {_fmt(row['policy_lag_mean'])}/{_fmt(row.get('policy_lag_max', math.nan))}")
         for k in ("policy_loss", "value_loss", "entropy", "kl"):  # the learner's metric names (Learner.update)

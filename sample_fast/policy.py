@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -186,14 +187,17 @@ class RunningNormalizer(nn.Module):
         self.register_buffer("inv_std32", torch.ones(dim, dtype=torch.float32))
 
     @torch.no_grad()
-    def update(self, x: Tensor) -> None:
-        """Merge a batch ``x`` ``[N, dim]`` into the statistics (population variance)."""
+    def update(self, x: Tensor, merge: Any = None) -> None:
+        """Merge a batch ``x`` ``[N, dim]`` into the statistics (population variance). ``merge(n, mean, var)``
+        (distributed) replaces the batch's moments by those of all ranks' batches."""
         x = x.to(torch.float64)
         n = x.shape[0]
         if n == 0:
             return
         batch_mean = x.mean(dim=0)
         batch_var = x.var(dim=0, unbiased=False)
+        if merge is not None:
+            n, batch_mean, batch_var = merge(n, batch_mean, batch_var)
         total = self.count + n
         delta = batch_mean - self.mean
         # M2_total = M2_a + M2_b + delta^2 * n_a * n_b / n  (Chan, Golub & LeVeque 1979)
@@ -496,7 +500,8 @@ class ActorCritic(nn.Module):
         return _at_least_f32(self.critic(h)).squeeze(-1)
 
     @torch.no_grad()
-    def update_normalizer(self, obs: Tensor) -> None:
-        """Merge raw ``obs`` ``[..., *obs_shape]`` into the running statistics (no-op without normalisation)."""
+    def update_normalizer(self, obs: Tensor, merge: Any = None) -> None:
+        """Merge raw ``obs`` ``[..., *obs_shape]`` into the running statistics (no-op without normalisation);
+        ``merge``: see ``RunningNormalizer.update``."""
         if self.normalizer is not None:
-            self.normalizer.update(obs.reshape(-1, self.obs_dim))
+            self.normalizer.update(obs.reshape(-1, self.obs_dim), merge=merge)

@@ -101,8 +101,9 @@ def check_resumable(cfg: TrainConfig, rdir: str) -> None:
             )
 
 
-def write_run_files(cfg: TrainConfig, rdir: str, resumed_from: int) -> None:
-    """config.yaml (the resolved config) and meta.json (version, git revision, command line, start time)."""
+def write_run_files(cfg: TrainConfig, rdir: str, resumed_from: int, extra: dict | None = None) -> None:
+    """config.yaml (the resolved config) and meta.json (version, git revision, command line, start time; ``extra``
+    joins this start's entry: the distributed group's size and per-rank seeds)."""
     os.makedirs(rdir, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), os.path.join(rdir, "config.yaml"))
     meta_path = os.path.join(rdir, "meta.json")
@@ -122,6 +123,7 @@ def write_run_files(cfg: TrainConfig, rdir: str, resumed_from: int) -> None:
             "argv": sys.argv,
             "host": platform.node(),
             "resumed_from_env_steps": resumed_from,
+            **(extra or {}),
         }
     )
     with open(meta_path, "w") as f:
@@ -199,6 +201,12 @@ class TrainHooks:
         self.logger.close(env_steps)
         if self.stopper is not None:
             self.stopper.interruptible = False  # what is left is the bounded shutdown: a Ctrl-C must not cut it
+
+    def on_stop_without_save(self, env_steps: int) -> None:
+        """distributed: a collective failed, so the group is broken mid-update: no final checkpoint (torchrun's
+        restart resumes from the last one)."""
+        self.env_steps = env_steps
+        self.logger.close(env_steps)
 
     def _check_rollbacks(self) -> None:
         rollbacks = getattr(self.runner.learner, "rollbacks", None) if self.runner is not None else None
@@ -429,7 +437,24 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
         with StopOnSignals() as own:
             return train(cfg_in, stopper=own)
     cfg, rdir = prepare(cfg_in)
+    if cfg.distributed.mode == "ddp":  # a torchrun worker (resolve checked): join the group, leave it at the end
+        from .distributed import setup
+
+        sync = setup(cfg.distributed, cfg.run.device)
+        try:
+            return _train(cfg, rdir, stopper, sync)
+        finally:
+            sync.close()
+    return _train(cfg, rdir, stopper, None)
+
+
+def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> dict:
+    """``train`` after the config is resolved; ``sync``: the distributed group (None: one process). Only the writer
+    (rank 0) touches the run directory; the other ranks take its resume state by broadcast."""
+    from . import distributed
     from .inject import Injector, parse_faults
+
+    writer = sync is None or sync.rank == 0
 
     injector = Injector(parse_faults(cfg.debug.inject))
     if injector:
@@ -439,30 +464,49 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
     from .logger import ProgressLogger
     from .runner import SamplerError
 
-    try:
-        if cfg.restart and os.path.exists(rdir) and os.listdir(rdir):
-            print(f"restart=true: moved the previous run to {move_aside(rdir)}", file=sys.stderr)
-        ckpt = CheckpointManager(rdir, keep_last=cfg.run.keep_checkpoints)  # <rdir>/checkpoints
-    except OSError as e:
-        raise RunFailed(f"cannot prepare the run directory {e.filename or rdir}: {describe_os_error(e)}; "
-                        "pick a writable run.dir") from None  # fmt: skip
+    ckpt = latest = resume_state = None
+    if writer:
+        try:
+            if cfg.restart and os.path.exists(rdir) and os.listdir(rdir):
+                print(f"restart=true: moved the previous run to {move_aside(rdir)}", file=sys.stderr)
+            ckpt = CheckpointManager(rdir, keep_last=cfg.run.keep_checkpoints)  # <rdir>/checkpoints
+        except OSError as e:
+            raise RunFailed(f"cannot prepare the run directory {e.filename or rdir}: {describe_os_error(e)}; "
+                            "pick a writable run.dir") from None  # fmt: skip
 
     torch.set_num_threads(cfg.runner.learner_threads)
-    # the newest intact state, best.pt included; a corrupt file is renamed aside (*.corrupt) with a warning
-    latest = ckpt.load_resume()
-    resume_state = latest[0] if latest is not None else None
-    if latest is None and (ckpt.checkpoints() or ckpt.corrupt_files()):
-        raise RunFailed(
-            f"no intact checkpoint in {ckpt.dir} (the unreadable ones are renamed *.corrupt); pass restart=true to "
-            "start over (the old run is moved aside)"
-        )
+    if writer:
+        # the newest intact state, best.pt included; a corrupt file is renamed aside (*.corrupt) with a warning
+        latest = ckpt.load_resume()
+        resume_state = latest[0] if latest is not None else None
+        if latest is None and (ckpt.checkpoints() or ckpt.corrupt_files()):
+            raise RunFailed(
+                f"no intact checkpoint in {ckpt.dir} (the unreadable ones are renamed *.corrupt); pass restart=true "
+                "to start over (the old run is moved aside)"
+            )
+    if sync is not None:  # rank 0's resume state (or None) on every rank: the run dir need not be shared
+        resume_state = sync.broadcast_object(resume_state)
     start_env_steps = int(resume_state["env_steps"]) if resume_state else 0
     start_wall_s = float(resume_state.get("wall_s", 0.0)) if resume_state else 0.0
-    try:
-        write_run_files(cfg, rdir, start_env_steps)
-    except OSError as e:
-        raise RunFailed(f"cannot write {e.filename or rdir}: {describe_os_error(e)}; pick a writable run.dir") from None
-    if resume_state is not None:
+    rank = sync.rank if sync is not None else 0
+    sampler_seed = distributed.rank_seed(cfg.sampler.seed, rank) + start_env_steps
+    if writer:
+        extra = None
+        if sync is not None:  # what each rank seeds (rank r computes the same from run.seed and its rank)
+            extra = {"distributed": {
+                "world_size": sync.world_size, "backend": sync.backend,
+                "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                "rank_seeds": [distributed.rank_seed(cfg.run.seed + start_env_steps * bool(resume_state), r)
+                               for r in range(sync.world_size)],
+                "sampler_seeds": [distributed.rank_seed(cfg.sampler.seed, r) + start_env_steps
+                                  for r in range(sync.world_size)],
+            }}  # fmt: skip
+        try:
+            write_run_files(cfg, rdir, start_env_steps, extra)
+        except OSError as e:
+            where = e.filename or rdir
+            raise RunFailed(f"cannot write {where}: {describe_os_error(e)}; pick a writable run.dir") from None
+    if resume_state is not None and writer:
         print(f"resuming {rdir} from {latest[1].name} (env step {start_env_steps})", file=sys.stderr)
     else:
         random.seed(cfg.run.seed)
@@ -475,7 +519,7 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
     env_fn = functools.partial(build_env, cfg.env, cfg.env.num_envs // cfg.sampler.num_splits)
     policy_fn = functools.partial(build_policy, obs_spec, act_spec, cfg.policy)
     # a resumed run resets its envs with fresh seeds rather than replaying the first episodes' initial states
-    sampler_cfg = dataclasses.replace(cfg.sampler, seed=cfg.sampler.seed + start_env_steps)
+    sampler_cfg = dataclasses.replace(cfg.sampler, seed=sampler_seed)  # distributed: each rank its own
     learner_fn = functools.partial(
         build_learner,
         learner_cfg=cfg.learner,
@@ -484,11 +528,18 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
         resume_state=resume_state,
         replay_cfg=cfg.replay,
     )
-    logger = ProgressLogger(
-        rdir, cfg.logging, cfg.run.total_env_steps, start_env_steps, start_wall_s,
-        start_state=resume_state.get("logger") if resume_state else None,
-    )  # fmt: skip
-    hooks = TrainHooks(cfg, ckpt, logger, start_env_steps, stopper=stopper, injector=injector)
+    if sync is not None:  # rank 0's weights on every rank, the collectives in the learner, per-rank seeds
+        inner_fn, seed = learner_fn, cfg.run.seed + start_env_steps * bool(resume_state)
+        learner_fn = lambda policy: distributed.attach_learner(sync, inner_fn(policy), seed, resume_state is not None)  # noqa: E731
+    if writer:
+        logger = ProgressLogger(
+            rdir, cfg.logging, cfg.run.total_env_steps, start_env_steps, start_wall_s,
+            start_state=resume_state.get("logger") if resume_state else None,
+        )  # fmt: skip
+        hooks = TrainHooks(cfg, ckpt, logger, start_env_steps, stopper=stopper, injector=injector)
+    else:  # ranks > 0 write nothing
+        logger, hooks = distributed.NullLogger(), distributed.FollowerHooks(start_env_steps)
+    dist_hooks = distributed.DistHooks(hooks, sync, start_env_steps, cfg.run.time_limit_s) if sync else None
     summary: dict = {"env_steps": start_env_steps, "reason": "stop_requested"}
     if start_env_steps >= cfg.run.total_env_steps:
         logger.close(None)
@@ -498,24 +549,32 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
             file=sys.stderr,
         )
         return {"env_steps": start_env_steps, "run_dir": rdir, "reason": "total_env_steps", "stop_signal": None}
-    if stopper.received:  # a signal during start-up (config, resume, spec probe): nothing has started yet
+    if stopper.received and sync is None:  # a signal during start-up (config, resume, spec probe): nothing started
+        # (distributed: the ranks agree on the stop after their first update instead)
         logger.close(None)
         _say(f"{stopper.received[0]} received before training started: nothing to save")
         return {**summary, "run_dir": rdir, "stop_signal": stopper.received[0], "final_checkpoint": None}
 
     try:
         sampler_rng = resume_state.get("sampler_rng") if resume_state is not None else None
+        if sync is not None and sync.rank > 0:
+            sampler_rng = None  # rank 0's action-noise stream is rank 0's: this rank draws its own
         runner = Runner(
-            env_fn, policy_fn, learner_fn, sampler_cfg, cfg.runner, mode=cfg.run.mode, hooks=hooks,
+            env_fn, policy_fn, learner_fn, sampler_cfg, cfg.runner, mode=cfg.run.mode, hooks=dist_hooks or hooks,
             sampler_rng_state=sampler_rng, sampler_hook=injector.sampler_hook(),
         )  # fmt: skip
-        hooks.runner = runner
+        # distributed: the stopper and the hooks ask through the proxy, so that every rank stops after one update
+        hooks.runner = dist_hooks.proxy(runner) if dist_hooks else runner
         hooks._start_rollbacks = int(getattr(runner.learner, "rollbacks", 0))  # cumulative: restored on resume
         injector.wrap_learner(runner.learner)
-        stopper.attach(runner)  # a signal that came during start-up stops it at once (after a final checkpoint)
-        summary = runner.run(
-            cfg.run.total_env_steps, time_limit_s=cfg.run.time_limit_s, start_env_steps=start_env_steps
-        )
+        stopper.attach(hooks.runner)  # a signal that came during start-up stops it at once (after a final checkpoint)
+        if dist_hooks is None:
+            summary = runner.run(
+                cfg.run.total_env_steps, time_limit_s=cfg.run.time_limit_s, start_env_steps=start_env_steps
+            )
+        else:  # per-rank env steps; the time limit is rank 0's, taken through the end-of-update exchange
+            summary = runner.run(dist_hooks.local_target(cfg.run.total_env_steps), time_limit_s=None)
+            summary = distributed.global_summary(summary, dist_hooks)
     except KeyboardInterrupt:
         interrupted = KeyboardInterrupt()
         interrupted.message = hooks.interrupted_message()
@@ -535,6 +594,8 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
     )
     if hooks.fatal is not None:
         raise RunFailed(hooks.fatal)
+    if not writer:
+        return summary
     ret = logger.episode_return_mean()
     if summary["stop_signal"]:
         from .cli import exit_status_for_signal

@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from sample_fast.config import ConfigError, TrainConfig, batch_size, resolve, run_dir
 
 CONFIG_DIR = Path(sample_fast.configs.__file__).parent
-GROUPS = ("env", "algo", "sampler", "runner", "replay", "logging")
+GROUPS = ("env", "algo", "sampler", "runner", "replay", "logging", "distributed")
 ENV_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
 PYTHON = sys.executable
 PRESET_TASK = {
