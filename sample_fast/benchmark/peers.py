@@ -240,20 +240,28 @@ def _numpy_action_bank(space: Any, num_envs: int, seed: int, k: int = 8) -> list
     return _action_bank(space.low, space.high, num_envs, seed, k)
 
 
+def _time_action_bank(
+    step_fn: Callable[[np.ndarray], Any], bank: list[np.ndarray], steps_per_call: int, cfg: BenchmarkConfig, t0: float
+) -> list[float]:
+    """Timed windows of ``step_fn(actions)``, cycling through the pre-drawn ``bank``; each call counts
+    ``steps_per_call`` env steps."""
+    counter = {"i": 0}
+
+    def step() -> int:
+        step_fn(bank[counter["i"] % len(bank)])
+        counter["i"] += 1
+        return steps_per_call
+
+    return timed_windows(step, lambda: None, _timing(cfg), started_s=t0)
+
+
 def measure_envpool_raw(env: str, num_envs: int, cfg: BenchmarkConfig) -> CaseResult:
     t0 = time.perf_counter()
     pool, frame_skip = _envpool_pool(env, num_envs, cfg, batch_size=num_envs)
     try:
         pool.reset()
         bank = _numpy_action_bank(pool.action_space, num_envs, cfg.seed)
-        counter = {"i": 0}
-
-        def step() -> int:
-            pool.step(bank[counter["i"] % len(bank)])
-            counter["i"] += 1
-            return num_envs
-
-        rates = timed_windows(step, lambda: None, _timing(cfg), started_s=t0)
+        rates = _time_action_bank(pool.step, bank, num_envs, cfg, t0)
     finally:
         pool.close()
     return CaseResult(rates, frame_skip, "cpu", extra={"num_threads": min(num_threads(cfg), num_envs)})
@@ -270,15 +278,11 @@ def measure_envpool_raw_async(env: str, num_envs: int, cfg: BenchmarkConfig) -> 
     try:
         pool.async_reset()
         bank = _numpy_action_bank(pool.action_space, batch, cfg.seed)
-        counter = {"i": 0}
 
-        def step() -> int:
-            info = pool.recv()[-1]
-            pool.send(bank[counter["i"] % len(bank)], info["env_id"])
-            counter["i"] += 1
-            return batch
+        def recv_then_send(actions: np.ndarray) -> None:  # the first half that finished gets the new actions
+            pool.send(actions, pool.recv()[-1]["env_id"])
 
-        rates = timed_windows(step, lambda: None, _timing(cfg), started_s=t0)
+        rates = _time_action_bank(recv_then_send, bank, batch, cfg, t0)
     finally:
         pool.close()
     return CaseResult(
@@ -311,14 +315,7 @@ def measure_ale_vector_raw(env: str, num_envs: int, cfg: BenchmarkConfig) -> Cas
     try:
         vec.reset(seed=cfg.seed)
         bank = _numpy_action_bank(vec.single_action_space, num_envs, cfg.seed)
-        counter = {"i": 0}
-
-        def step() -> int:
-            vec.step(bank[counter["i"] % len(bank)])
-            counter["i"] += 1
-            return num_envs
-
-        rates = timed_windows(step, lambda: None, _timing(cfg), started_s=t0)
+        rates = _time_action_bank(vec.step, bank, num_envs, cfg, t0)
     finally:
         vec.close()
     return CaseResult(rates, _ATARI["frame_skip"], "cpu", extra={"num_threads": nthread})
@@ -345,14 +342,7 @@ def _measure_gymnasium(env: str, num_envs: int, cfg: BenchmarkConfig, mode: str)
     try:
         vec.reset(seed=cfg.seed)
         bank = _numpy_action_bank(vec.single_action_space, num_envs, cfg.seed)
-        counter = {"i": 0}
-
-        def step() -> int:
-            vec.step(bank[counter["i"] % len(bank)])
-            counter["i"] += 1
-            return num_envs
-
-        rates = timed_windows(step, lambda: None, _timing(cfg), started_s=t0)
+        rates = _time_action_bank(vec.step, bank, num_envs, cfg, t0)
     finally:
         vec.close()
     return CaseResult(rates, frame_skip, "cpu")
