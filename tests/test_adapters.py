@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from arm_robot import ARM_XML, arm_obs, arm_reward
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from sample_fast.envs import TASKS, BatchedEnv, EnvError, make
@@ -25,33 +26,6 @@ from sample_fast.envs.base import StepResult
 from sample_fast.envs.custom import register_robot
 
 # A planar two-link arm with no contacts and no reset noise: fully deterministic on the mujoco backend.
-ARM_XML = """
-<mujoco model="adapter_arm">
-  <option timestep="0.01"/>
-  <worldbody>
-    <body name="upper">
-      <joint name="shoulder" type="hinge" axis="0 0 1" damping="0.1"/>
-      <geom type="capsule" fromto="0 0 0 0.5 0 0" size="0.04" mass="1" contype="0" conaffinity="0"/>
-      <body name="fore" pos="0.5 0 0">
-        <joint name="elbow" type="hinge" axis="0 0 1" damping="0.1"/>
-        <geom type="capsule" fromto="0 0 0 0.5 0 0" size="0.04" mass="1" contype="0" conaffinity="0"/>
-      </body>
-    </body>
-  </worldbody>
-  <actuator>
-    <motor joint="shoulder" ctrlrange="-1 1" ctrllimited="true"/>
-    <motor joint="elbow" ctrlrange="-1 1" ctrllimited="true"/>
-  </actuator>
-</mujoco>
-"""
-
-
-def _arm_obs(xp, p):
-    return xp.concatenate([p.qpos, p.qvel], axis=-1)
-
-
-def _arm_reward(xp, p, a):
-    return -xp.abs(p.qpos[..., 0] - 0.5) - 0.01 * xp.sum(a * a, axis=-1)
 
 
 def _arm_terminated(xp, p):
@@ -63,8 +37,8 @@ def arm_name():
     register_robot(
         "adapter_arm",
         ARM_XML,
-        _arm_obs,
-        _arm_reward,
+        arm_obs,
+        arm_reward,
         _arm_terminated,
         max_episode_steps=7,
         check_jax=False,

@@ -13,37 +13,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from arm_robot import ARM_XML, arm_obs, arm_reward
 from sample_fast.envs import TASKS, EnvError, make
 from sample_fast.envs.adapters import GymnasiumSingleEnv
 from sample_fast.envs.custom import register_robot
-
-ARM_XML = """
-<mujoco model="client_arm">
-  <option timestep="0.01"/>
-  <worldbody>
-    <body name="upper">
-      <joint name="shoulder" type="hinge" axis="0 0 1" damping="0.1"/>
-      <geom type="capsule" fromto="0 0 0 0.5 0 0" size="0.04" mass="1" contype="0" conaffinity="0"/>
-      <body name="fore" pos="0.5 0 0">
-        <joint name="elbow" type="hinge" axis="0 0 1" damping="0.1"/>
-        <geom type="capsule" fromto="0 0 0 0.5 0 0" size="0.04" mass="1" contype="0" conaffinity="0"/>
-      </body>
-    </body>
-  </worldbody>
-  <actuator>
-    <motor joint="shoulder" ctrlrange="-1 1" ctrllimited="true"/>
-    <motor joint="elbow" ctrlrange="-1 1" ctrllimited="true"/>
-  </actuator>
-</mujoco>
-"""
-
-
-def _obs(xp, p):
-    return xp.concatenate([p.qpos, p.qvel], axis=-1)
-
-
-def _reward(xp, p, a):
-    return -xp.abs(p.qpos[..., 0] - 0.5) - 0.01 * xp.sum(a * a, axis=-1)
 
 
 def _terminated(xp, p):
@@ -53,7 +26,7 @@ def _terminated(xp, p):
 @pytest.fixture(scope="module")
 def arm():
     # deterministic (no reset noise): a batch and single-env views of it step identically
-    register_robot("client_arm", ARM_XML, _obs, _reward, _terminated, max_episode_steps=9, check_jax=False,
+    register_robot("client_arm", ARM_XML, arm_obs, arm_reward, _terminated, max_episode_steps=9, check_jax=False,
                    overwrite=True)  # fmt: skip
     yield "client_arm"
     TASKS.pop("client_arm", None)

@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+from arm_robot import ARM_XML, arm_obs, arm_reward
 from sample_fast.envs import TASKS, EnvError, make
 from sample_fast.envs.adapters import VecTaskEnv
 from sample_fast.envs.base import BatchedEnv
@@ -24,39 +25,12 @@ CACHE_DIR = os.path.join(os.path.dirname(__file__), os.pardir, ".pytest_cache", 
 
 # A contact-free planar arm with reset noise (cheap to compile for MJX); no termination, so only the time limit ends
 # its episodes.
-ARM_XML = """
-<mujoco model="reset_arm">
-  <option timestep="0.01"/>
-  <worldbody>
-    <body name="upper">
-      <joint name="shoulder" type="hinge" axis="0 0 1" damping="0.1"/>
-      <geom type="capsule" fromto="0 0 0 0.5 0 0" size="0.04" mass="1" contype="0" conaffinity="0"/>
-      <body name="fore" pos="0.5 0 0">
-        <joint name="elbow" type="hinge" axis="0 0 1" damping="0.1"/>
-        <geom type="capsule" fromto="0 0 0 0.5 0 0" size="0.04" mass="1" contype="0" conaffinity="0"/>
-      </body>
-    </body>
-  </worldbody>
-  <actuator>
-    <motor joint="shoulder" ctrlrange="-1 1" ctrllimited="true"/>
-    <motor joint="elbow" ctrlrange="-1 1" ctrllimited="true"/>
-  </actuator>
-</mujoco>
-"""
 ARM_STEPS = 6
-
-
-def _arm_obs(xp, p):
-    return xp.concatenate([p.qpos, p.qvel], axis=-1)
-
-
-def _arm_reward(xp, p, a):
-    return -xp.abs(p.qpos[..., 0] - 0.5) - 0.01 * xp.sum(a * a, axis=-1)
 
 
 @pytest.fixture(scope="module")
 def arm():
-    register_robot("reset_arm", ARM_XML, _arm_obs, _arm_reward, max_episode_steps=ARM_STEPS, reset_noise_scale=0.1,
+    register_robot("reset_arm", ARM_XML, arm_obs, arm_reward, max_episode_steps=ARM_STEPS, reset_noise_scale=0.1,
                    check_jax=False, overwrite=True)  # fmt: skip
     yield "reset_arm"
     TASKS.pop("reset_arm", None)
