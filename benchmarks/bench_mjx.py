@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -117,18 +116,7 @@ def spawn_case(
     """Run one case in a fresh interpreter; a timeout or crash becomes an ``error`` row."""
     case = {"backend": backend, "option_set": option_set, "num_envs": num_envs, "device": device, "seconds": seconds}
     case["task"] = task
-    cmd = [sys.executable, os.path.abspath(__file__), "--case", json.dumps(case)]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {**case, "error": f"timeout after {timeout_s:.0f} s (MJX hang or slow compile)"}
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not rows:
-        return {**case, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
-    row = json.loads(rows[-1][len("RESULT ") :])
-    row["wall_s"] = time.perf_counter() - t0
-    return row
+    return harness.run_case_in_subprocess(__file__, case, timeout_s, " (MJX hang or slow compile)")
 
 
 def mujoco_backend() -> str:

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -82,16 +81,9 @@ def run_case(backend: str, task: str, num_envs: int, device: str, seconds: float
 
 def spawn_case(case: dict, timeout_s: float) -> dict:
     """Run one case in a fresh interpreter; a timeout or crash becomes an ``error`` row."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--case", json.dumps(case)]
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {**case, "error": f"timeout after {timeout_s:.0f} s"}
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not rows:
-        return {**case, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
-    row = {**json.loads(rows[-1][len("RESULT ") :]), "cache": case.get("cache"), "wall_s": time.perf_counter() - t0}
+    row = harness.run_case_in_subprocess(__file__, case, timeout_s)
+    if "error" not in row:
+        row["cache"] = case.get("cache")
     return row
 
 

@@ -186,3 +186,20 @@ def test_write_results_merge_keeps_other_keys(tmp_path):
 def test_split_stem():
     assert harness.split_stem("a/b/envs") == ("a/b", "envs")
     assert harness.split_stem("envs") == (".", "envs")
+
+
+def test_run_case_in_subprocess_returns_the_result_or_an_error_row(tmp_path):
+    script = tmp_path / "case.py"
+    script.write_text(
+        "import json, sys, time\n"
+        "case = json.loads(sys.argv[2])\n"
+        "if case['kind'] == 'crash': sys.exit('boom')\n"
+        "if case['kind'] == 'hang': time.sleep(60)\n"
+        "print('noise'); print('RESULT ' + json.dumps({'rate': case['n'] * 2}))\n"
+    )
+    ok = harness.run_case_in_subprocess(str(script), {"kind": "ok", "n": 21}, timeout_s=30)
+    assert ok["rate"] == 42 and ok["wall_s"] > 0 and "error" not in ok
+    crash = harness.run_case_in_subprocess(str(script), {"kind": "crash", "n": 1}, timeout_s=30)
+    assert crash["error"].startswith("exit 1: boom") and crash["kind"] == "crash"
+    hang = harness.run_case_in_subprocess(str(script), {"kind": "hang", "n": 1}, timeout_s=1, timeout_note=" (hung)")
+    assert hang["error"] == "timeout after 1 s (hung)"

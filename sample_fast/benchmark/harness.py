@@ -281,6 +281,24 @@ def spread(xs: Sequence[float]) -> dict[str, Any]:
 
 
 # ----- result files -----------------------------------------------------------------------------------------------
+def run_case_in_subprocess(script: str, case: dict[str, Any], timeout_s: float, timeout_note: str = "") -> dict:
+    """Run ``python script --case <case as JSON>`` in a fresh interpreter (a case that hangs or crashes in native code
+    cannot take the benchmark down) and return the dict its last ``RESULT <json>`` line printed, plus ``wall_s``. A
+    timeout, a non-zero exit or no result line becomes ``{**case, "error": ...}``."""
+    import subprocess
+
+    cmd = [sys.executable, os.path.abspath(script), "--case", json.dumps(case)]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)  # SYNC: bounded by timeout_s
+    except subprocess.TimeoutExpired:
+        return {**case, "error": f"timeout after {timeout_s:.0f} s{timeout_note}"}
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not rows:
+        return {**case, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
+    return {**json.loads(rows[-1][len("RESULT ") :]), "wall_s": time.perf_counter() - t0}
+
+
 def write_text(path: str | os.PathLike, text: str) -> str:
     """Write ``text`` through a temporary file and a rename: a run killed mid-write leaves the old file whole."""
     path = os.fspath(path)
