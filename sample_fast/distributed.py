@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ from torch import Tensor
 
 __all__ = [
     "DistributedConfig", "DistributedError", "LaunchInfo", "launch_info", "core_share", "rank_device", "rank_seed",
-    "Sync", "DistHooks", "FollowerHooks", "NullLogger", "setup", "attach_learner", "global_summary",
+    "Sync", "DistHooks", "FollowerHooks", "NullLogger", "attempt_store", "restart_hazard", "setup", "attach_learner",
+    "global_summary",
 ]  # fmt: skip
 
 MODES = ("none", "ddp")
@@ -350,6 +352,38 @@ def start_tracker_outside_session() -> None:
         util.spawnv_passfds = original
 
 
+def attempt_store(timeout: datetime.timedelta, environ: Mapping[str, str] | None = None) -> dist.Store | None:
+    """The key-value store this restart attempt's process group meets on, or None for torch's plain env:// one.
+
+    torchrun (c10d rendezvous, torch >= 2.4) keeps one TCPStore server in its agent for the whole job and hands every
+    restart round the same MASTER_PORT (``TORCHELASTIC_USE_AGENT_STORE=True``); torch's env:// handler then adds no
+    per-attempt prefix. The restarted group's gloo rendezvous keys (``default_pg/0//...``) are those of the dead
+    group, still in the store: a rank that reads a peer's address before the new peer rewrote it connects to the dead
+    process (``Gloo connectFullMesh ... Connection refused``), which is what a loaded machine made likely. One
+    prefix per ``TORCHELASTIC_RESTART_COUNT`` gives every attempt its own keys."""
+    env = os.environ if environ is None else environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    client = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"sample_fast/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
+
+
+def restart_hazard(environ: Mapping[str, str] | None = None) -> str:
+    """Why a restart of this multi-machine job may fail to re-form its group, or ''. Each machine's torchrun agent
+    counts its own restarts (an agent that restarts because another machine's worker failed does not count it;
+    pytorch/pytorch#108158, #135712), so ``attempt_store``'s prefix can differ between machines. One machine, no
+    restarts, or a store per round (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) are safe."""
+    env = os.environ if environ is None else environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) <= 0:
+        return ""
+    if int(env.get("WORLD_SIZE", "1")) <= int(env.get("LOCAL_WORLD_SIZE", "1")):
+        return ""
+    return ("this job spans several machines and may restart (--max-restarts > 0) while torchrun shares one "
+            "rendezvous store across restarts, whose restart counts are per machine: a restart may fail to form "
+            "its group. Launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 set on every machine "
+            "(docs/distributed.md)")  # fmt: skip
+
+
 def setup(cfg: DistributedConfig, device: str) -> Sync:
     """Join torchrun's group (env:// rendezvous), pin this rank's cores, pick its GPU. ``cfg`` is resolved (backend
     set) and ``device`` is this rank's learner device."""
@@ -365,6 +399,12 @@ def setup(cfg: DistributedConfig, device: str) -> Sync:
     kwargs: dict[str, Any] = {"backend": cfg.backend, "timeout": timeout}
     if dev.type == "cuda":
         kwargs["device_id"] = dev
+    store = attempt_store(timeout)
+    hazard = restart_hazard()
+    if hazard and info.rank == 0:
+        print(f"warning: {hazard}", file=sys.stderr, flush=True)
+    if store is not None:
+        kwargs.update(store=store, rank=info.rank, world_size=info.world_size)
     dist.init_process_group(**kwargs)
     sync = Sync(info.rank, info.world_size, info.local_rank, info.local_world_size, cfg.backend, cfg.timeout_s, dev)
     sync.ctrl = dist.new_group(backend="gloo", timeout=timeout) if cfg.backend != "gloo" else dist.group.WORLD

@@ -9,6 +9,7 @@ torchrun is a config error (exit status 2) that says how to launch."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -26,7 +27,16 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from sample_fast.checkpoint import read_checkpoint_file
-from sample_fast.distributed import Sync, attach_learner, core_share, launch_info, rank_device, rank_seed
+from sample_fast.distributed import (
+    Sync,
+    attach_learner,
+    attempt_store,
+    core_share,
+    launch_info,
+    rank_device,
+    rank_seed,
+    restart_hazard,
+)
 from sample_fast.learner import Learner, LearnerConfig
 from sample_fast.policy import ActorCritic, PolicyConfig
 from sample_fast.procs import leaked_shm, shm_entries
@@ -303,6 +313,56 @@ def test_kill_9_of_a_rank_restarts_the_group_from_its_checkpoint(tmp_path):
     assert _checkpoint(run_dir, 4096)["learner"]["env_steps"] == 4096
     assert descendants(proc.pid) == []
     assert leaked_shm(before, SHM_PREFIXES, wait_s=3.0) == set()
+
+
+RESTART_SCRIPT = """
+import os, sys, time
+import torch, torch.distributed as dist
+from sample_fast.distributed import DistributedConfig, setup
+rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if attempt == 1 and rank == 1:
+    time.sleep(4)  # the restarted peer is slow to come up, as on a loaded machine
+setup(DistributedConfig(mode="ddp", backend="gloo", timeout_s=30), "cpu")
+x = torch.full((1,), float(rank + 1))
+dist.all_reduce(x)
+print(f"attempt {attempt} rank {rank} sum {x.item():g}", flush=True)
+if attempt == 0 and rank == 1:
+    os._exit(9)  # dies like kill -9: the group breaks, torchrun restarts it
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_restarted_group_forms_although_the_dead_groups_keys_are_in_the_shared_store(tmp_path):
+    """torchrun's agent keeps one TCPStore for every restart round (TORCHELASTIC_USE_AGENT_STORE=True); without
+    ``attempt_store``'s per-attempt prefix the restarted rank 0 reads the dead rank 1's gloo address and fails with
+    ``Connection refused`` whenever its new peer comes up later than itself (the flaky kill -9 restart)."""
+    script = tmp_path / "restart.py"
+    script.write_text(RESTART_SCRIPT)
+    proc = torchrun(2, max_restarts=1, script=[str(script)])
+    out = _finish(proc, timeout=120)
+    assert proc.returncode == 0, out[-4000:]
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            assert f"attempt {attempt} rank {rank} sum 3" in out, out[-4000:]
+    assert "Connection refused" not in out
+
+
+def test_restart_hazard_warns_only_for_a_restartable_multi_machine_job_on_the_shared_store():
+    base = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "3", "WORLD_SIZE": "8",
+            "LOCAL_WORLD_SIZE": "4"}  # fmt: skip
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in restart_hazard(base)
+    assert restart_hazard({**base, "LOCAL_WORLD_SIZE": "8"}) == ""  # one machine: one agent, one count
+    assert restart_hazard({**base, "TORCHELASTIC_MAX_RESTARTS": "0"}) == ""
+    assert restart_hazard({**base, "TORCHELASTIC_USE_AGENT_STORE": "False"}) == ""  # a store per round
+    timeout = datetime.timedelta(seconds=5)
+    assert attempt_store(timeout, {**base, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # torch's env://
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
+    env = {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port)}
+    first = attempt_store(timeout, {**env, "TORCHELASTIC_RESTART_COUNT": "0"})
+    second = attempt_store(timeout, {**env, "TORCHELASTIC_RESTART_COUNT": "1"})
+    first.set("default_pg/0//rank_1", "dead peer")
+    assert not second.check(["default_pg/0//rank_1"]) and first.check(["default_pg/0//rank_1"])
 
 
 def test_ddp_without_torchrun_is_a_config_error_saying_how_to_launch(tmp_path):
