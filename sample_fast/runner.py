@@ -253,6 +253,9 @@ class Runner:
         sampler_hook: async only: ``sampler_hook(n)`` is called in the sampler process after its n-th READY slot
             (n counts the slots of every sampler process of this run). Picklable. For fault injection
             (``debug.inject=sampler_crash@slot:<n>``); None: nothing.
+        slot_shape: async only: a ``wiring.SlotShape`` of one split (``wiring.probe_slot_shape``), which sizes the
+            shared store; None: one split's envs are built here to size it (and closed again), which for MJX or Warp
+            means a compile in this process as well as in the sampler's. Serial mode builds its envs here anyway.
     """
 
     def __init__(
@@ -266,6 +269,7 @@ class Runner:
         hooks: RunnerHooks | None = None,
         sampler_rng_state: torch.Tensor | None = None,
         sampler_hook: Callable[[int], None] | None = None,
+        slot_shape: Any = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -293,6 +297,7 @@ class Runner:
         self._initial_sampler_rng = None if sampler_rng_state is None else sampler_rng_state.clone()
         self._rng_shared: SharedRngState | None = None
         self._sampler_hook = sampler_hook
+        self._slot_shape = slot_shape  # async: sizes the shared store instead of a probe split built here
         self.sampler_restarts = 0  #: sampler processes replaced in this run
         self._failures: collections.deque[float] = collections.deque()  # monotonic times, within restart_window_s
         self._generation = 0  # 0: the first sampler process; n: its n-th replacement
@@ -341,7 +346,10 @@ class Runner:
     # ----- start ----------------------------------------------------------------------------------------------
     def _start(self) -> None:
         cfg = self.cfg
-        first = self.env_fn()  # probe: specs and the per-split env count decide the slot shapes
+        if self.mode == "async" and self._slot_shape is not None:
+            first = self._slot_shape  # the envs are built in the sampler process only
+        else:
+            first = self.env_fn()  # probe: specs and the per-split env count decide the slot shapes
         if self.mode == "serial":
             if self._initial_sampler_rng is not None:
                 torch.set_rng_state(self._initial_sampler_rng)  # the sampler draws its action noise from our RNG
@@ -358,10 +366,11 @@ class Runner:
             return
         self._ctx = ctx = mp.get_context(self.rcfg.mp_start_method)
         start_resource_tracker()  # before the store's semaphores register with it: it must survive a group SIGHUP
-        try:  # the probe env's specs, per-split count and truncation_limit size the slots (wiring.build_store)
+        try:  # the probe's specs, per-split count and truncation_limit size the slots (wiring.build_store)
             self.store = build_store(first, cfg, shared=True, ctx=ctx, policy=self.policy)
         finally:
-            first.close()
+            if first is not self._slot_shape:
+                first.close()
         self.param_store = ParamStore(self.policy)
         self._publish()
         self.episodes = EpisodeRing(self.rcfg.episode_capacity, shared=True)

@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import __version__
 from .checkpoint import rng_state
 from .config import ConfigError, TrainConfig, resolve, run_dir
-from .wiring import build_env, build_learner, build_policy, probe_specs
+from .wiring import build_env, build_learner, build_policy, probe_slot_shape
 
 log = logging.getLogger("sample_fast.train")
 
@@ -513,10 +513,12 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
         np.random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
 
-    obs_spec, act_spec = probe_specs(cfg.env)
+    per_split = cfg.env.num_envs // cfg.sampler.num_splits
+    slot_shape = probe_slot_shape(cfg.env, per_split)  # one 1-env CPU probe: the specs and the slot sizes
+    obs_spec, act_spec = slot_shape.observation_spec, slot_shape.action_spec
     # Wiring: the env and an acting policy copy are built wherever the sampler runs (a child process in async mode);
     # the learner and its policy are built here, in the main process, with the resumed state.
-    env_fn = functools.partial(build_env, cfg.env, cfg.env.num_envs // cfg.sampler.num_splits)
+    env_fn = functools.partial(build_env, cfg.env, per_split)
     policy_fn = functools.partial(build_policy, obs_spec, act_spec, cfg.policy)
     # a resumed run resets its envs with fresh seeds rather than replaying the first episodes' initial states
     sampler_cfg = dataclasses.replace(cfg.sampler, seed=sampler_seed)  # distributed: each rank its own
@@ -561,7 +563,7 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
             sampler_rng = None  # rank 0's action-noise stream is rank 0's: this rank draws its own
         runner = Runner(
             env_fn, policy_fn, learner_fn, sampler_cfg, cfg.runner, mode=cfg.run.mode, hooks=dist_hooks or hooks,
-            sampler_rng_state=sampler_rng, sampler_hook=injector.sampler_hook(),
+            sampler_rng_state=sampler_rng, sampler_hook=injector.sampler_hook(), slot_shape=slot_shape,
         )  # fmt: skip
         # distributed: the stopper and the hooks ask through the proxy, so that every rank stops after one update
         hooks.runner = dist_hooks.proxy(runner) if dist_hooks else runner

@@ -30,6 +30,8 @@ __all__ = [
     "build_env",
     "on_cpu_simulator",
     "probe_specs",
+    "SlotShape",
+    "probe_slot_shape",
     "build_policy",
     "build_replay",
     "build_learner",
@@ -73,10 +75,31 @@ def probe_specs(env_cfg: EnvConfig) -> tuple[Any, Any]:
     """Observation and action specs, from a 1-env copy on the CPU simulator (``on_cpu_simulator``: MJX shares the
     task definition, so its specs are the same without paying for a JAX compile here). The trainer probes once and
     hands the specs to every builder."""
+    shape = probe_slot_shape(env_cfg, num_envs=1)
+    return shape.observation_spec, shape.action_spec
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotShape:
+    """What sizes a split's trajectory slots (``build_store`` reads these attributes, which an env also has): the
+    specs, the split's env count, the truncation limit (the side table's worst case) and the env's device."""
+
+    observation_spec: Any
+    action_spec: Any
+    num_envs: int
+    truncation_limit: int | None
+    device: torch.device
+
+
+def probe_slot_shape(env_cfg: EnvConfig, num_envs: int) -> SlotShape:
+    """The slot shape of a split of ``num_envs`` envs of ``env_cfg``, from the same 1-env CPU probe as
+    ``probe_specs`` (specs and truncation limit do not depend on the env count or the backend's device), so the
+    async runner sizes its shared store without building a split's envs (an MJX compile) in the main process."""
     probe_cfg = dataclasses.replace(on_cpu_simulator(env_cfg), num_threads=1)
     env = build_env(probe_cfg, num_envs=1)
     try:
-        return env.observation_spec, env.action_spec
+        device = torch.device("cpu") if env_cfg.device in ("auto", "") else torch.device(env_cfg.device)
+        return SlotShape(env.observation_spec, env.action_spec, int(num_envs), env.truncation_limit, device)
     finally:
         env.close()
 
@@ -131,7 +154,8 @@ def build_learner(
 def build_store(
     env, sampler_cfg: SamplerConfig, *, shared: bool = False, ctx: Any = None, policy: Any = None
 ) -> TrajectoryStore:
-    """The trajectory slots for one split of envs like ``env`` (its specs, per-split env count, device and
+    """The trajectory slots for one split of envs like ``env`` (an env or a ``SlotShape``: its specs, per-split env
+    count, device and
     ``truncation_limit``, which sizes the final-observation side table for the worst case: None, a gymnasium env
     that may truncate at any step, gives a table with room for every step). A recurrent ``policy`` adds the keys
     its state needs (``rnn_layout``)."""

@@ -510,3 +510,31 @@ def test_killed_runner_takes_its_sampler_down(tmp_path):
             proc.kill()
             proc.wait(timeout=10)
     assert _new_shm(before) == set()
+
+
+def _only_in_the_sampler_process() -> ToyEnv:
+    if multiprocessing.parent_process() is None:
+        raise AssertionError("an env was built in the main process")
+    return toy_env(6)
+
+
+@pytest.mark.timeout(90)
+def test_async_runner_with_a_slot_shape_builds_envs_only_in_the_sampler_process():
+    """``slot_shape`` (what ``wiring.probe_slot_shape`` gives the trainer) sizes the shared store: no split of envs
+    (for MJX a compile) is built in the main process, and the slots are laid out as a real split's would be."""
+    from sample_fast.wiring import SlotShape, build_store
+
+    real = toy_env(6)
+    shape = SlotShape(real.observation_spec, real.action_spec, real.num_envs, real.truncation_limit, real.device)
+    reference = build_store(real, _cfg())
+    real.close()
+    hooks = RecordingHooks()
+    runner = Runner(_only_in_the_sampler_process, VersionPolicy, CheckingLearner, _cfg(), _rcfg(), mode="async",
+                    hooks=hooks, slot_shape=shape)  # fmt: skip
+    hooks.runner = runner
+    summary = runner.run(total_env_steps=48 * 4)
+    assert summary["reason"] == "total_env_steps" and len(hooks.trains) == 4
+    ours, theirs = runner.store.slot(0), reference.slot(0)
+    assert sorted(ours.keys()) == sorted(theirs.keys())
+    for key in theirs.keys():
+        assert (ours[key].shape, ours[key].dtype) == (theirs[key].shape, theirs[key].dtype), key

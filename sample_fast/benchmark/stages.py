@@ -288,6 +288,7 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     try:
         obs_spec, act_spec = probe.observation_spec, probe.action_spec
         frame_skip, device = probe.frame_skip, probe.device
+        slot_shape = wiring.SlotShape(obs_spec, act_spec, case.num_envs // num_splits, probe.truncation_limit, device)
     finally:
         probe.close()
     scfg = SamplerConfig(
@@ -311,7 +312,7 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     learner_fn = functools.partial(build_learner, device=str(device), overrides=dict(tcfg.learner))
     old_threads = torch.get_num_threads()
     try:
-        runner = Runner(env_fn, policy_fn, learner_fn, scfg, rcfg, mode=tcfg.mode, hooks=hooks)
+        runner = Runner(env_fn, policy_fn, learner_fn, scfg, rcfg, mode=tcfg.mode, hooks=hooks, slot_shape=slot_shape)
         hooks.runner = runner
         summary = runner.run(total_env_steps=2**62, time_limit_s=cfg.measure_timeout_s)
     finally:
