@@ -83,7 +83,7 @@ def test_presets_are_the_issue_list():
 #: Atari: 16 envs per core (the CNN learner sets the pace) = 32, rollout 128 (sampler=long): 128 x 32 / 2 = 2048;
 #: backend auto = envpool, installed here.
 PRESET_RESOLVED = {
-    "ant": ("ant", "mujoco", 128, 5_000_000, 64, 4096),
+    "ant": ("ant", "mujoco", 128, 8_000_000, 64, 4096),
     "ant_v4": ("ant", "mujoco", 128, 5_000_000, 64, 4096),
     "halfcheetah": ("halfcheetah", "mujoco", 128, 5_000_000, 64, 4096),
     "hopper": ("hopper", "mujoco", 128, 3_000_000, 64, 4096),

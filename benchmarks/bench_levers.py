@@ -1,0 +1,111 @@
+"""Thread-placement and pipeline levers of the sampler and trainer (issue #14), measured in the FPS suite.
+
+    python benchmarks/bench_levers.py            # -> benchmarks/results/levers_cpu.{json,md}
+
+Every variant is one run of ``python -m sample_fast.benchmark`` (Ant, mujoco backend, the trainer's 128 envs, no
+peers: its env-only stage is the reference) with one setting changed; the variants are interleaved for ``--rounds``
+rounds, so a load change hits them alike, and each variant's +inference and +training env steps/s are divided by
+the env-only figure of the baseline in the same round (and by the baseline's own +inference/+training figure).
+
+Variants (the suite's settings, docs/benchmark.md):
+
+* ``baseline``: the trainer's fitting on 2 cores: 2 simulator threads, 1 inference thread, 1 learner thread, 2 splits;
+* ``sim_threads=1`` / ``sim_threads=3``: ``num_threads`` (the simulator's thread pool) below / above the cores;
+* ``inference_threads=2``: ``torch_threads`` (the sampler's torch pool);
+* ``learner_threads=2``: ``train.learner_threads``;
+* ``splits=4``: ``num_splits`` and ``train.num_splits`` (four env groups of 32 instead of two of 64: more overlap,
+  smaller batches per forward).
+
+Take /tmp/race.lock while it runs (docs/benchmark.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sample_fast.benchmark import harness  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results"
+BASE = ["preset=cpu", "num_envs=[128]", "backends=[mujoco]", "envs=[ant]", "peers=[]", "repeats=3",
+        "seconds_per_repeat=2.0", "warmup_s=1.0", "wait_quiet=false"]  # fmt: skip
+VARIANTS: dict[str, list[str]] = {
+    "baseline": ["stages=[env,inference,train]"],
+    "sim_threads=1": ["stages=[inference,train]", "num_threads=1"],
+    "sim_threads=3": ["stages=[inference,train]", "num_threads=3"],
+    "inference_threads=2": ["stages=[inference,train]", "torch_threads=2"],
+    "learner_threads=2": ["stages=[train]", "train.learner_threads=2"],
+    "splits=4": ["stages=[inference,train]", "num_splits=4", "train.num_splits=4"],
+}
+
+
+def run_variant(name: str, tmp: Path, round_idx: int, timeout_s: float) -> dict[str, float]:
+    out_name = f"{name.replace('=', '_')}_r{round_idx}"
+    cmd = [sys.executable, "-m", "sample_fast.benchmark", *BASE, *VARIANTS[name], f"out_dir={tmp}",
+           f"out_name={out_name}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+    data = json.loads((tmp / f"{out_name}.json").read_text())
+    return {r["stage"]: r["env_steps_per_s"]["median"] for r in data["results"] if r["kind"] == "sample_fast"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per suite run")
+    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--name", default="levers_cpu")
+    harness.add_quiet_arguments(parser)
+    args = parser.parse_args()
+    if "baseline" not in args.variants:
+        parser.error("--variants must include baseline (the reference of every ratio)")
+    quiet = harness.check_quiet_from_args(args, log=print)
+    with tempfile.TemporaryDirectory(prefix="sf_levers_") as tmp:
+        cases = {v: (lambda r, v=v: run_variant(v, Path(tmp), r, args.timeout_s)) for v in args.variants}
+        results = harness.interleave(cases, args.rounds)
+    base = results["baseline"]
+    rows = []
+    for v in args.variants:
+        for stage in ("inference", "train"):
+            if stage not in results[v][0]:
+                continue
+            sps = [r[stage] for r in results[v]]
+            share = harness.paired_ratio(sps, [b["env"] for b in base])
+            vs_base = harness.paired_ratio(sps, [b[stage] for b in base])
+            rows.append({"variant": v, "stage": stage, "env_steps_per_s": sps, "share_of_env_only": share,
+                         "vs_baseline": vs_base})  # fmt: skip
+            print(f"{v:22s} {stage:9s} {harness.median(sps):8.0f}  share {share:.3f}  vs baseline {vs_base:.3f}")
+    env_only = [b["env"] for b in base]
+    data = {"machine": harness.machine_record(quiet), "quiet": quiet, "rounds": args.rounds, "base_overrides": BASE,
+            "variants": {v: VARIANTS[v] for v in args.variants}, "results": results, "rows": rows}  # fmt: skip
+    md = [
+        "# Thread-placement and pipeline levers: Ant, mujoco backend, 128 envs (FPS suite per variant)",
+        "",
+        harness.quiet_line(quiet),
+        "",
+        f"{args.rounds} interleaved rounds; each figure the suite's median of 3 windows of 2 s; ratios are paired per "
+        f"round. Baseline env-only: {', '.join(f'{x:.0f}' for x in env_only)} env steps/s.",
+        "",
+        "| variant | stage | env steps/s (per round) | share of env-only | vs baseline |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        md.append(f"| {r['variant']} | {r['stage']} | {' / '.join(f'{x:.0f}' for x in r['env_steps_per_s'])} | "
+                  f"{r['share_of_env_only']:.2f}x | {r['vs_baseline']:.2f}x |")  # fmt: skip
+    md.append("")
+    md.append("Overrides of every run: `" + " ".join(BASE) + "`; per variant: " +
+              "; ".join(f"{v}: `{' '.join(VARIANTS[v])}`" for v in args.variants) + ".")  # fmt: skip
+    print(harness.write_results(args.out, args.name, data, "\n".join(md) + "\n"))
+
+
+if __name__ == "__main__":
+    main()
