@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium
 import pytest
@@ -97,7 +98,12 @@ def test_mjx_probe_leaves_out_mjx_only_options():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_mjx_run_with_mjx_options_trains(tmp_path):
-    """End to end: an mjx run with MJX-only options starts (spec probe included), trains and checkpoints."""
+    """End to end: an mjx run with MJX-only options starts (spec probe included), trains and checkpoints.
+
+    Its splits are test_env_mjx's ``cheetah`` env (4 envs, 25-step episodes, the same MJX-only options, among them
+    the same persistent XLA cache), so a suite run compiles that program once (the probe of other MJX-only options,
+    solver among them, is ``test_mjx_probe_leaves_out_mjx_only_options``)."""
+    cache = Path(__file__).resolve().parent.parent / ".pytest_cache" / "mjx-xla"
     proc = subprocess.run(
         [
             PYTHON,
@@ -106,15 +112,14 @@ def test_mjx_run_with_mjx_options_trains(tmp_path):
             "env=halfcheetah",
             "env.backend=mjx",
             "env.device=cpu",
-            "env.num_envs=4",
+            "env.num_envs=8",
             "+env.options.xla_opt_level=0",
-            "+env.options.solver=cg",
-            "+env.options.solver_iterations=1",
-            "+env.options.ls_iterations=4",
+            "+env.options.max_episode_steps=25",
+            f"+env.options.compilation_cache_dir={cache}",
             "sampler=short",
             "learner.num_minibatches=1",
             "run.mode=serial",
-            "run.total_env_steps=128",  # 4 batches of 16 steps x 2 envs (one of the 2 splits)
+            "run.total_env_steps=128",  # 2 batches of 16 steps x 4 envs (one of the 2 splits)
             "logging.progress=plain",
             "logging.tensorboard=false",
             "logging.plot=false",
