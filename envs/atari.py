@@ -183,9 +183,12 @@ class AtariEnvBase(BatchedEnv):
     def _to_torch(self, x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         # Always a copy: both pools reuse the arrays they return. PERF: torch.tensor(ndarray) took 1.3 ms for one
         # [8, 4, 84, 84] uint8 batch (it was 60% of an EnvPool Pong step); from_numpy + one copy takes 6 us.
+        # The copy is numpy's (one thread), not Tensor.clone: torch parallelises a copy this large (3.6M uint8 at
+        # 32 envs) over its intra-op pool, and with 2 torch threads on 2 cores, beside the emulator's threads, the
+        # clone took 280-490 us instead of 50 (numpy: 44-56 us; ad-hoc timings under load).
         t = torch.from_numpy(np.ascontiguousarray(x))
         if t.dtype == dtype and t.device == self.device:
-            return t.clone()
+            return torch.from_numpy(np.array(x, order="C", copy=True))
         return t.to(device=self.device, dtype=dtype)  # a new tensor whenever dtype or device differ
 
     def _output(

@@ -423,7 +423,8 @@ def resolve(
         the pace (design.md section 6: ~0.25 ms per agent step against ~0.5 ms per sample to train), 32 per core
         with the learner on CUDA, where the emulator does.
       * env.num_threads: every core; runner.learner_threads: half the cores (torch's thread pool slows down
-        many-fold when it competes with the simulator threads for cores).
+        many-fold when it competes with the simulator threads for cores), every core for an Atari game with the
+        learner on the CPU (the CNN learner is the bottleneck there).
       * learner.seed and sampler.seed (when null) follow run.seed.
       * distributed=ddp (a torchrun worker; ``environ`` defaults to os.environ): the sizes above are fitted to this
         rank's share of the cores (cores / LOCAL_WORLD_SIZE), cuda devices become the rank's own GPU
@@ -496,9 +497,15 @@ def resolve(
     if env.num_threads == 0:
         env.num_threads = max(1, min(num_cores, env.num_envs))
     if cfg.runner.learner_threads == 0:
-        # Half the cores: torch's OpenMP pool degrades badly when it shares cores with the simulator threads (or
-        # other jobs). Measured on the 2-core box under load: the toy run took 67 s with 2 threads, 3 s with 1.
-        cfg.runner.learner_threads = max(1, num_cores // 2)
+        if is_atari_name(env.name) and torch.device(run.device).type != "cuda":
+            # Every core: the CNN learner, not the emulator, sets the pace of a CPU Atari run. FPS suite, Pong at
+            # 32 envs on 2 cores: 511 env steps/s with 2 learner threads against 337 with 1
+            # (benchmarks/results/atari_learner_threads/README.md).
+            cfg.runner.learner_threads = num_cores
+        else:
+            # Half the cores: torch's OpenMP pool degrades badly when it shares cores with the simulator threads
+            # (or other jobs): on Ant 2 learner threads train 28% slower than 1 (benchmarks/results/levers_cpu.md).
+            cfg.runner.learner_threads = max(1, num_cores // 2)
     if sampler.seed is None:
         sampler.seed = run.seed  # split i resets with seed + i
 

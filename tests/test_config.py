@@ -629,6 +629,17 @@ def test_atari_sizes_follow_the_learner_device():
     assert (fixed.env.num_envs, fixed.env.backend) == (8, "ale")
 
 
+def test_a_cpu_atari_learner_gets_every_core_and_an_ant_learner_half():
+    # The CNN learner sets the pace of a CPU Atari run; the MLP learner of a MuJoCo run shares with the simulator.
+    assert resolve(_compose("env=pong"), num_cores=2, cuda=False).runner.learner_threads == 2
+    assert resolve(_compose("env=pong"), num_cores=6, cuda=False).runner.learner_threads == 6
+    assert resolve(_compose("env=pong"), num_cores=8, cuda=True).runner.learner_threads == 4  # CUDA: half
+    assert resolve(_compose("env=ant"), num_cores=2, cuda=False).runner.learner_threads == 1
+    assert (
+        resolve(_compose("env=pong", "runner.learner_threads=1"), num_cores=2, cuda=False).runner.learner_threads == 1
+    )
+
+
 def test_pong_with_an_mlp_policy_resolves_with_the_normaliser():
     cfg = resolve(_compose("env=pong", "policy.encoder=mlp", "policy.normalize_obs=true"), num_cores=2, cuda=False)
     assert cfg.policy.encoder == "mlp"

@@ -279,6 +279,13 @@ class _RateHooks:
         pass
 
 
+def _learner_threads(env: str, device: str) -> int:
+    """The trainer's fitting (``sample_fast.config.resolve``): every core for an Atari game's CNN learner on the
+    CPU, else half the cores."""
+    cores = os.cpu_count() or 1
+    return cores if is_atari_name(env) and torch.device(device).type != "cuda" else max(1, cores // 2)
+
+
 def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     """Runner + Learner end to end; each window is env steps trained between two ``on_train`` calls."""
     tcfg = cfg.train
@@ -301,7 +308,8 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     rcfg = RunnerConfig(
         # 0: half the cores, as sample_fast.config.resolve gives the trainer (torch's pool slows down many-fold
         # when its threads fight the simulator's for the cores)
-        learner_threads=tcfg.learner_threads or max(1, (os.cpu_count() or 1) // 2),
+        # (an Atari game's CNN learner on the CPU: every core, as the trainer fits it too)
+        learner_threads=tcfg.learner_threads or _learner_threads(case.env, str(device)),
         # The sampler's first MJX step compiles (a minute on a busy CPU), which must not read as a stall.
         heartbeat_timeout_s=max(60.0, cfg.measure_timeout_s),
         startup_timeout_s=max(300.0, cfg.measure_timeout_s),
