@@ -148,6 +148,18 @@ register_configs()
 
 
 # ----- helpers ---------------------------------------------------------------------------------------------------
+def default_learner_threads(env_name: str, learner_device: str, num_cores: int) -> int:
+    """``runner.learner_threads=0`` fitted to ``num_cores`` (the trainer's ``resolve`` and the FPS suite's train
+    stage). An Atari game with the learner on the CPU: every core, since the CNN learner, not the emulator, sets the
+    pace (FPS suite, Pong at 32 envs on 2 cores: 511 env steps/s with 2 learner threads against 337 with 1,
+    benchmarks/results/atari_learner_threads/README.md). Otherwise half the cores: torch's OpenMP pool degrades
+    badly when it shares cores with the simulator threads or other jobs (on Ant 2 learner threads train 28% slower
+    than 1, benchmarks/results/levers_cpu.md)."""
+    if is_atari_name(env_name) and torch.device(learner_device).type != "cuda":
+        return num_cores
+    return max(1, num_cores // 2)
+
+
 def cpu_cores() -> int:
     """Cores this process may run on (the affinity mask, not the machine's total)."""
     try:
@@ -497,15 +509,7 @@ def resolve(
     if env.num_threads == 0:
         env.num_threads = max(1, min(num_cores, env.num_envs))
     if cfg.runner.learner_threads == 0:
-        if is_atari_name(env.name) and torch.device(run.device).type != "cuda":
-            # Every core: the CNN learner, not the emulator, sets the pace of a CPU Atari run. FPS suite, Pong at
-            # 32 envs on 2 cores: 511 env steps/s with 2 learner threads against 337 with 1
-            # (benchmarks/results/atari_learner_threads/README.md).
-            cfg.runner.learner_threads = num_cores
-        else:
-            # Half the cores: torch's OpenMP pool degrades badly when it shares cores with the simulator threads
-            # (or other jobs): on Ant 2 learner threads train 28% slower than 1 (benchmarks/results/levers_cpu.md).
-            cfg.runner.learner_threads = max(1, num_cores // 2)
+        cfg.runner.learner_threads = default_learner_threads(env.name, run.device, num_cores)
     if sampler.seed is None:
         sampler.seed = run.seed  # split i resets with seed + i
 

@@ -13,7 +13,6 @@ process). A case whose backend package is missing raises ``Skip`` with the reaso
 from __future__ import annotations
 
 import functools
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from sample_fast import wiring
-from sample_fast.config import EnvConfig
+from sample_fast.config import EnvConfig, cpu_cores, default_learner_threads
 from sample_fast.envs import TASKS, BatchedEnv, EnvError
 from sample_fast.envs.atari import is_atari_name
 from sample_fast.learner import LearnerConfig
@@ -279,13 +278,6 @@ class _RateHooks:
         pass
 
 
-def _learner_threads(env: str, device: str) -> int:
-    """The trainer's fitting (``sample_fast.config.resolve``): every core for an Atari game's CNN learner on the
-    CPU, else half the cores."""
-    cores = os.cpu_count() or 1
-    return cores if is_atari_name(env) and torch.device(device).type != "cuda" else max(1, cores // 2)
-
-
 def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     """Runner + Learner end to end; each window is env steps trained between two ``on_train`` calls."""
     tcfg = cfg.train
@@ -306,10 +298,9 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         inference_threads=cfg.torch_threads,
     )
     rcfg = RunnerConfig(
-        # 0: half the cores, as sample_fast.config.resolve gives the trainer (torch's pool slows down many-fold
-        # when its threads fight the simulator's for the cores)
-        # (an Atari game's CNN learner on the CPU: every core, as the trainer fits it too)
-        learner_threads=tcfg.learner_threads or _learner_threads(case.env, str(device)),
+        # 0: fitted as sample_fast.config.resolve fits the trainer's (half the cores; every core for an Atari CNN
+        # learner on the CPU)
+        learner_threads=tcfg.learner_threads or default_learner_threads(case.env, str(device), cpu_cores()),
         # The sampler's first MJX step compiles (a minute on a busy CPU), which must not read as a stall.
         heartbeat_timeout_s=max(60.0, cfg.measure_timeout_s),
         startup_timeout_s=max(300.0, cfg.measure_timeout_s),
