@@ -14,7 +14,9 @@ Variants (the suite's settings, docs/benchmark.md):
 * ``inference_threads=2``: ``torch_threads`` (the sampler's torch pool);
 * ``learner_threads=2``: ``train.learner_threads``;
 * ``splits=4``: ``num_splits`` and ``train.num_splits`` (four env groups of 32 instead of two of 64: more overlap,
-  smaller batches per forward).
+  smaller batches per forward);
+* ``gil_switch=1ms`` / ``200us`` / ``50us``: ``gil_switch_interval_s``, the sampler process's
+  ``sys.setswitchinterval`` (Python's default is 5 ms; see ``SamplerConfig.gil_switch_interval_s``).
 
 Take /tmp/race.lock while it runs (docs/benchmark.md).
 """
@@ -43,6 +45,9 @@ VARIANTS: dict[str, list[str]] = {
     "inference_threads=2": ["stages=[inference,train]", "torch_threads=2"],
     "learner_threads=2": ["stages=[train]", "train.learner_threads=2"],
     "splits=4": ["stages=[inference,train]", "num_splits=4", "train.num_splits=4"],
+    "gil_switch=1ms": ["stages=[inference,train]", "gil_switch_interval_s=0.001"],
+    "gil_switch=200us": ["stages=[inference,train]", "gil_switch_interval_s=0.0002"],
+    "gil_switch=50us": ["stages=[inference,train]", "gil_switch_interval_s=0.00005"],
 }
 
 

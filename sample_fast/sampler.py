@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,11 @@ class SamplerConfig:
     #: Run the critic in the sampler and store its predictions as a ``values`` key. The learner recomputes values
     #: with its current critic and never reads them, so the default skips the critic forward (and the key).
     store_values: bool = False
+    #: ``sys.setswitchinterval`` of the acting process while the Sampler lives (restored by ``close``); None leaves
+    #: Python's 5 ms. The simulator's worker threads hold the GIL for a few µs between MuJoCo calls, and a thread
+    #: that wants it back waits until the holder drops it: while the main thread runs GIL-holding numpy or Python
+    #: (the other split's recv tail, the slot writes), the physics core idles for up to this long.
+    gil_switch_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -65,6 +71,12 @@ class SamplerConfig:
             )
         if self.weights_refresh not in ("step", "slot"):
             raise ValueError(f"sampler.weights_refresh must be step or slot, got {self.weights_refresh!r}")
+        si = self.gil_switch_interval_s
+        if si is not None and (isinstance(si, bool) or not isinstance(si, (int, float)) or not 0 < si <= 1):
+            raise ValueError(
+                f"sampler.gil_switch_interval_s must be a number of seconds in (0, 1] or null (Python's default), "
+                f"got {si!r}"
+            )
 
 
 class EpisodeRing:
@@ -248,6 +260,10 @@ class Sampler:
         self._refresh_weights()
         if self.version < 0:
             raise RuntimeError("the sampler has no weights: publish to the ParamStore before starting the sampler")
+        self._old_switch_interval: float | None = None
+        if cfg.gil_switch_interval_s is not None:  # last: nothing below can fail and leave it changed
+            self._old_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(float(cfg.gil_switch_interval_s))
 
     def _reset_memory(self, split: _Split) -> None:
         """Zero state, reset flags set (every env starts an episode and a trial), zero RL² inputs."""
@@ -427,9 +443,12 @@ class Sampler:
                 split.slot_idx, split.views, split.written = None, None, None
 
     def close(self) -> None:
-        """``stop()`` and close every env."""
+        """``stop()``, close every env and restore the process's GIL switch interval."""
         try:
             self.stop()
         finally:
+            if self._old_switch_interval is not None:
+                sys.setswitchinterval(self._old_switch_interval)
+                self._old_switch_interval = None
             for split in self.splits:
                 split.env.close()

@@ -6,6 +6,7 @@ reuses it.
 """
 
 import math
+import sys
 
 import pytest
 import torch
@@ -95,10 +96,13 @@ def check_batch(batch, miss_threshold: float = 0.5) -> None:
         torch.testing.assert_close(batch["values"], obs[:-1].sum(-1))
 
 
-def _serial_sampler(num_splits=2, num_slots=4, num_envs=6, rollout_len=5, version=None, store_values=False):
+def _serial_sampler(
+    num_splits=2, num_slots=4, num_envs=6, rollout_len=5, version=None, store_values=False, **cfg_kwargs
+):
     cfg = SamplerConfig(
-        rollout_len=rollout_len, num_splits=num_splits, num_slots=num_slots, seed=3, store_values=store_values
-    )
+        rollout_len=rollout_len, num_splits=num_splits, num_slots=num_slots, seed=3, store_values=store_values,
+        **cfg_kwargs,
+    )  # fmt: skip
     envs = build_split_envs(lambda: toy_env(num_envs), num_splits)
     store = TrajectoryStore(
         envs[0].observation_spec, envs[0].action_spec, rollout_len, num_envs, num_slots,
@@ -254,6 +258,25 @@ def test_config_errors_name_the_fix():
     with pytest.raises(ValueError, match="different env groups"):
         sizes = iter([2, 3])
         build_split_envs(lambda: make("toy", next(sizes)), 2)
+
+
+def test_gil_switch_interval_holds_while_the_sampler_lives_and_is_restored_by_close():
+    before = sys.getswitchinterval()
+    sampler, store, *_ = _serial_sampler(gil_switch_interval_s=2e-4)
+    try:
+        assert sys.getswitchinterval() == pytest.approx(2e-4)
+        for _ in range(12):  # the sampler still fills slots
+            sampler.advance(wait_s=0.0)
+        assert store.acquire_ready(timeout_s=0.0) is not None
+    finally:
+        sampler.close()
+    assert sys.getswitchinterval() == before
+    sampler, *_ = _serial_sampler()  # None: the process's interval is left alone
+    sampler.close()
+    assert sys.getswitchinterval() == before
+    for bad in (0, -1e-3, 2.0, True, "1ms"):
+        with pytest.raises(ValueError, match=r"gil_switch_interval_s must be a number of seconds in \(0, 1\]"):
+            SamplerConfig(gil_switch_interval_s=bad)
 
 
 @pytest.mark.parametrize("refresh", ["step", "slot"])

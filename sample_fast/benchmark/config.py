@@ -103,6 +103,9 @@ class BenchmarkConfig:
     device: str = "auto"  #: where mjx, warp and the policy run: auto (cuda when available), cpu, cuda
     num_threads: int = 0  #: simulator threads (mujoco backend, envpool, mujoco_rollout); 0 = all cores
     torch_threads: int = 1  #: torch intra-op threads for inference (1 is best when the simulator owns the cores)
+    #: The sampler's GIL switch interval in the inference and train stages (SamplerConfig.gil_switch_interval_s);
+    #: None: SamplerConfig's default.
+    gil_switch_interval_s: float | None = None
     #: Policy MLP of the inference and train stages (and the torchrl peer): the trainer's default (algo/appo.yaml).
     policy_hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
     #: The inference_rnn stage's recurrent core (gru, lstm) and its size (docs/recurrent.md).
@@ -186,6 +189,9 @@ def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
     for name in ("rollout_len", "num_splits", "torch_threads", "rounds"):
         if getattr(cfg, name) < 1:
             raise BenchmarkConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    si = cfg.gil_switch_interval_s
+    if si is not None and not 0 < si <= 1:
+        raise BenchmarkConfigError(f"gil_switch_interval_s must be in (0, 1] seconds or null, got {si}")
     unknown_opts = [b for b in cfg.backend_options if b not in SUITE_BACKENDS]
     if unknown_opts:
         raise BenchmarkConfigError(

@@ -181,6 +181,11 @@ def build_policy(
     return wiring.build_policy(observation_spec, action_spec, cfg, device)
 
 
+def _sampler_overrides(cfg: BenchmarkConfig) -> dict[str, Any]:
+    """SamplerConfig fields the suite sets only when asked (else the trainer's defaults are measured)."""
+    return {} if cfg.gil_switch_interval_s is None else {"gil_switch_interval_s": cfg.gil_switch_interval_s}
+
+
 def _splits(num_envs: int, num_splits: int) -> int:
     """``num_splits`` when it divides ``num_envs``, else 1 (the case is still measured, undivided)."""
     return num_splits if num_envs % num_splits == 0 and num_envs >= num_splits else 1
@@ -198,6 +203,7 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         num_slots=2 * num_splits,
         seed=cfg.seed,
         inference_threads=cfg.torch_threads,
+        **_sampler_overrides(cfg),
     )
     env_fn = _env_fn(cfg, case, per_split)
     envs: list[BatchedEnv] = []
@@ -296,6 +302,7 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         num_slots=2 * num_splits,
         seed=cfg.seed,
         inference_threads=cfg.torch_threads,
+        **_sampler_overrides(cfg),
     )
     rcfg = RunnerConfig(
         # 0: fitted as sample_fast.config.resolve fits the trainer's (half the cores; every core for an Atari CNN
