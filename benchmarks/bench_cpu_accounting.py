@@ -7,9 +7,10 @@ env, 1 torch thread), each in a fresh interpreter, interleaved for ``--rounds`` 
 
 * ``env``: ``env.step`` on one 128-env batch (the caller's thread steps its share of the envs inline);
 * ``inference``: the serial-mode ``Sampler`` as the suite's inference stage runs it: 2 groups of 64 envs, each
-  with its own 2 simulator threads, ``policy.act`` and the slot writes on the main thread;
-* ``inference+caller_steps`` (an experiment, not in the package): the same, with the main thread stepping the not
-  yet claimed envs of the group it is about to receive instead of blocking until the simulator threads finish them.
+  with its own 2 simulator threads, ``policy.act`` and the slot writes on the main thread (the mujoco backend's
+  defaults: ``recv`` only waits for the simulator threads);
+* ``inference caller_steps=true``: the same with the mujoco backend's ``caller_steps=True``: ``recv`` steps the
+  group's not yet claimed envs on the main thread instead of blocking until the simulator threads finish them.
 
 Each case reports, per 128 env steps: the wall time, the process's CPU time (all threads) and the main thread's CPU
 time. ``cores busy`` is CPU / wall; ``idle`` is cores x wall - CPU, the core time nobody used. For ``inference`` the
@@ -32,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from sample_fast.benchmark import harness  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
-CASES = ("env", "inference", "inference+caller_steps")
+CASES = ("env", "inference", "inference caller_steps=true")
 
 
 def _timed(acc: dict[str, int], name: str, fn):
@@ -44,22 +45,6 @@ def _timed(acc: dict[str, int], name: str, fn):
             acc[name] = acc.get(name, 0) + time.thread_time_ns() - t
 
     return wrapper
-
-
-def _caller_steps(env) -> None:
-    """Experiment: before waiting for its simulator threads, the receiving thread steps unclaimed envs itself
-    (through its own MjData; the results do not depend on which thread steps an env)."""
-    from sample_fast.envs import mujoco_env
-
-    helper = mujoco_env._Worker(env._shared, "caller")
-    wait = env._wait_workers
-
-    def wait_workers() -> None:
-        if env._in_flight:
-            helper.step_slice()
-        wait()
-
-    env._wait_workers = wait_workers
 
 
 def run_case(case: dict) -> dict:
@@ -85,10 +70,9 @@ def run_case(case: dict) -> dict:
             env.step(bank[k % len(bank)])
 
     else:
-        envs = [make("ant", n // splits, backend="mujoco", seed=0, num_threads=threads) for _ in range(splits)]
-        if kind == "inference+caller_steps":
-            for e in envs:
-                _caller_steps(e)
+        caller_steps = kind == "inference caller_steps=true"
+        envs = [make("ant", n // splits, backend="mujoco", seed=0, num_threads=threads, caller_steps=caller_steps)
+                for _ in range(splits)]  # fmt: skip
         policy = stages.build_policy(envs[0].observation_spec, envs[0].action_spec, [64, 64], "cpu")
         scfg = SamplerConfig(rollout_len=64, num_splits=splits, num_slots=2 * splits, seed=0)
         store, sampler = wiring.build_sampler(envs, policy, scfg, version_fn=lambda: 0, split_seeds=list(range(splits)))

@@ -16,7 +16,9 @@ Variants (the suite's settings, docs/benchmark.md):
 * ``splits=4``: ``num_splits`` and ``train.num_splits`` (four env groups of 32 instead of two of 64: more overlap,
   smaller batches per forward);
 * ``gil_switch=1ms`` / ``200us`` / ``50us``: ``gil_switch_interval_s``, the sampler process's
-  ``sys.setswitchinterval`` (Python's default is 5 ms; see ``SamplerConfig.gil_switch_interval_s``).
+  ``sys.setswitchinterval`` (Python's default is 5 ms; see ``SamplerConfig.gil_switch_interval_s``);
+* ``caller_steps=true``: the mujoco backend's ``recv`` steps the envs its simulator threads have not claimed yet
+  on the caller's thread instead of only waiting for them (``caller_steps``, off by default).
 
 Take /tmp/race.lock while it runs (docs/benchmark.md).
 """
@@ -48,6 +50,7 @@ VARIANTS: dict[str, list[str]] = {
     "gil_switch=1ms": ["stages=[inference,train]", "gil_switch_interval_s=0.001"],
     "gil_switch=200us": ["stages=[inference,train]", "gil_switch_interval_s=0.0002"],
     "gil_switch=50us": ["stages=[inference,train]", "gil_switch_interval_s=0.00005"],
+    "caller_steps=true": ["stages=[inference,train]", "++backend_options.mujoco.caller_steps=true"],
 }
 
 

@@ -462,6 +462,11 @@ BACKEND_BAD = [
         ("ant", "mujoco", {"step_timeout_s": -1}),
     ),
     (
+        ["env=ant", "+env.options.caller_steps=sometimes"],
+        "env.options (mujoco backend): caller_steps must be true or false, got 'sometimes'",
+        ("ant", "mujoco", {"caller_steps": "sometimes"}),
+    ),
+    (
         ["env=ant", "+env.options.cone=round"],
         "env.options (mujoco backend): cone must be one of ['elliptic', 'pyramidal']",
         ("ant", "mujoco", {"cone": "round"}),

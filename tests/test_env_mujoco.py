@@ -381,9 +381,14 @@ def test_datas_snapshot_for_rendering():
             env.datas[3]
 
 
-def _ant_rollout(num_threads: int, send_recv: bool, num_steps: int = 60, stall_worker_s: float = 0.0):
-    """Ant, 10 envs, episodes cut at 25 steps; returns every output of every step and the reset counts."""
-    with make("ant", 10, backend="mujoco", seed=11, num_threads=num_threads, max_episode_steps=25) as env:
+def _ant_rollout(
+    num_threads: int, send_recv: bool, num_steps: int = 60, stall_worker_s: float = 0.0, caller_steps: bool = False
+):
+    """Ant, 10 envs, episodes cut at 25 steps; returns every output of every step, the reset counts and, per step,
+    the envs each worker stepped (the threads', then the receiving caller's: 0 without caller_steps)."""
+    with make(
+        "ant", 10, backend="mujoco", seed=11, num_threads=num_threads, max_episode_steps=25, caller_steps=caller_steps
+    ) as env:
         if stall_worker_s:  # the first worker thread starts every step late (a busy core, a slow wake-up)
             w0 = env._workers[0]
             step_slice = w0.step_slice
@@ -407,7 +412,7 @@ def _ant_rollout(num_threads: int, send_recv: bool, num_steps: int = 60, stall_w
             out += [r.obs, r.reward, r.terminated, r.truncated, *(r.info[k] for k in sorted(r.info))]
             num_terminated += int(r.terminated.sum())
             num_truncated += int((r.truncated & ~r.terminated).sum())
-            stepped.append([w.num_stepped for w in env._workers])
+            stepped.append([w.num_stepped for w in env._workers] + [env._caller.num_stepped if env._caller else 0])
         out.append(env.reset()[0])  # continues every env's reset stream after the auto-resets
         return out, num_terminated, num_truncated, stepped
 
@@ -418,13 +423,19 @@ def test_ant_with_resets_is_identical_for_any_thread_count_and_schedule():
     # so the schedule changes from run to run; the results must not (per-env state and reset generator only).
     ref, num_terminated, num_truncated, stepped = _ant_rollout(1, send_recv=False)
     assert num_terminated >= 1 and num_truncated >= 10  # both kinds of auto-reset happened (10 envs cut at 25)
-    assert all(s == [10] for s in stepped)
-    for num_threads, send_recv, stall in ((2, False, 0.0), (2, True, 0.0), (3, False, 0.0), (2, False, 0.02)):
-        out, _, _, stepped = _ant_rollout(num_threads, send_recv, stall_worker_s=stall)
+    assert all(s == [10, 0] for s in stepped)  # step(): the caller steps inline in send(), none are left for recv()
+    cases = ((2, False, 0.0, False), (2, True, 0.0, False), (3, False, 0.0, False), (2, False, 0.02, False),
+             (2, True, 0.02, True), (2, True, 0.0, True))  # fmt: skip
+    for num_threads, send_recv, stall, caller_steps in cases:
+        out, _, _, stepped = _ant_rollout(num_threads, send_recv, stall_worker_s=stall, caller_steps=caller_steps)
         assert len(out) == len(ref) and all(torch.equal(x, y) for x, y in zip(ref, out, strict=True))
         assert all(sum(s) == 10 for s in stepped)  # every env stepped exactly once per step
-        if stall:  # the caller's thread did not wait for the late worker: it stepped (nearly) every env itself
-            assert np.median([s[-1] for s in stepped]) >= 9
+        if stall and not send_recv:  # step(): the caller did not wait for the late worker, it stepped (nearly)
+            assert np.median([s[-2] for s in stepped]) >= 9  # every env inline (as workers[-1])
+        if stall and send_recv:  # recv() stepped the envs the late worker had not claimed, with worker 1
+            assert np.median([s[0] for s in stepped]) <= 1 and np.median([s[-1] for s in stepped]) >= 1
+        if not caller_steps:
+            assert all(s[-1] == 0 for s in stepped)
 
 
 @pytest.mark.timeout(60)
