@@ -569,8 +569,9 @@ class MujocoEnv(BatchedEnv):
         if self._caller is not None and self._in_flight:
             # PERF: between send() and recv() the caller did other work (the sampler: the other env group's step
             # and policy forward); the envs the workers have not claimed yet it steps itself through its own MjData
-            # instead of blocking (results do not depend on which thread steps an env). Measured on 2 cores:
-            # benchmarks/results/cpu_accounting.md.
+            # instead of blocking (results do not depend on which thread steps an env). On 2 cores this measured
+            # 1.01x in the FPS suite, within the noise (benchmarks/results/levers_caller_steps_cpu.md), so it is off
+            # by default.
             try:
                 self._caller.step_slice()
             except Exception:  # reported by _wait_workers, as a worker thread's error is

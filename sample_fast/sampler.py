@@ -51,9 +51,9 @@ class SamplerConfig:
     #: with its current critic and never reads them, so the default skips the critic forward (and the key).
     store_values: bool = False
     #: ``sys.setswitchinterval`` of the acting process while the Sampler lives (restored by ``close``); None leaves
-    #: Python's 5 ms. The simulator's worker threads hold the GIL for a few µs between MuJoCo calls, and a thread
-    #: that wants it back waits until the holder drops it: while the main thread runs GIL-holding numpy or Python
-    #: (the other split's recv tail, the slot writes), the physics core idles for up to this long.
+    #: Python's 5 ms. A lever for the GIL waits of the simulator's worker threads (they take the GIL back after each
+    #: MuJoCo call); on 2 cores 1 ms / 200 µs / 50 µs measured 1.00x / 0.99x / 0.99x of the default's +inference at
+    #: 128 Ant envs (benchmarks/results/levers_gil_cpu.md): the waits are short, not switch-interval long.
     gil_switch_interval_s: float | None = None
 
     def __post_init__(self) -> None:
