@@ -554,7 +554,8 @@ class MujocoEnv(BatchedEnv):
                     "make a new env"
                 )
                 raise EnvError(self._broken)
-        errors = [w.error for w in (*self._workers, *([self._caller] if self._caller else [])) if w.error]
+        workers = self._workers if self._caller is None else [*self._workers, self._caller]
+        errors = [w.error for w in workers if w.error]
         if errors:
             self._broken = f"a mujoco worker thread failed; make a new env. Worker traceback:\n{errors[0]}"
             raise EnvError(self._broken)

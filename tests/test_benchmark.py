@@ -396,3 +396,10 @@ def test_inference_rnn_stage_measures_a_recurrent_sampler():
     assert min(res.rates) > 0
     with pytest.raises(BenchmarkConfigError, match="policy_rnn='rnn'; choose from: gru, lstm"):
         resolve(BenchmarkConfig(policy_rnn="rnn", out_dir="unused"))
+
+
+def test_gil_switch_interval_is_checked_before_anything_runs():
+    for bad in (0.0, -1e-3, 2.0):
+        with pytest.raises(BenchmarkConfigError, match=r"gil_switch_interval_s must be in \(0, 1\] seconds or null"):
+            resolve(BenchmarkConfig(gil_switch_interval_s=bad, out_dir="unused"))
+    assert resolve(BenchmarkConfig(gil_switch_interval_s=1e-4, out_dir="unused")).gil_switch_interval_s == 1e-4
