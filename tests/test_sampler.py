@@ -200,17 +200,18 @@ def test_episode_returns_match_rewards_of_the_batch():
         while (slot_idx := store.acquire_ready(0.0)) is not None:
             batches[owners[slot_idx]] = store.slot(slot_idx).clone()
             store.release(slot_idx)
-    # Reconstruct finished episodes from each split's rewards (all envs start fresh at t=0 of these slots).
+    # Reconstruct finished episodes from each split's rewards (all envs start fresh at t=0 of these slots), summed
+    # in float32 as the env's EpisodeTracker sums them (a float64 sum rounds to another 4th decimal now and then).
     expected = []
     for batch in batches.values():
         done = (batch["terminated"] | batch["truncated"]).T
         for env_rewards, env_done in zip(batch["rewards"].T, done, strict=True):
-            ret, length = 0.0, 0
-            for r, d in zip(env_rewards.tolist(), env_done.tolist(), strict=True):
+            ret, length = torch.zeros((), dtype=torch.float32), 0
+            for r, d in zip(env_rewards, env_done.tolist(), strict=True):
                 ret, length = ret + r, length + 1
                 if d:
-                    expected.append((round(ret, 4), length))
-                    ret, length = 0.0, 0
+                    expected.append((round(float(ret), 4), length))
+                    ret, length = torch.zeros((), dtype=torch.float32), 0
     returns, lengths = ring.drain()
     got = sorted(zip([round(x, 4) for x in returns.tolist()], lengths.tolist(), strict=True))
     # the ring may also hold episodes ended by the steps already in flight beyond the slots; all batch ones are there
