@@ -18,7 +18,10 @@ Variants (the suite's settings, docs/benchmark.md):
 * ``gil_switch=1ms`` / ``200us`` / ``50us``: ``gil_switch_interval_s``, the sampler process's
   ``sys.setswitchinterval`` (Python's default is 5 ms; see ``SamplerConfig.gil_switch_interval_s``);
 * ``caller_steps=true``: the mujoco backend's ``recv`` steps the envs its simulator threads have not claimed yet
-  on the caller's thread instead of only waiting for them (``caller_steps``, off by default).
+  on the caller's thread instead of only waiting for them (``caller_steps``, off by default);
+* ``kernel=python``: the mujoco backend's Python stepping loop (four MuJoCo calls per env, the GIL taken back after
+  each) instead of the default compiled kernel (``envs.mujoco_kernel``: one GIL-free call per run of envs). It
+  measures env-only too, and its shares are given against its own env-only as well.
 
 Take /tmp/race.lock while it runs (docs/benchmark.md).
 """
@@ -51,6 +54,7 @@ VARIANTS: dict[str, list[str]] = {
     "gil_switch=200us": ["stages=[inference,train]", "gil_switch_interval_s=0.0002"],
     "gil_switch=50us": ["stages=[inference,train]", "gil_switch_interval_s=0.00005"],
     "caller_steps=true": ["stages=[inference,train]", "++backend_options.mujoco.caller_steps=true"],
+    "kernel=python": ["stages=[env,inference,train]", "++backend_options.mujoco.kernel=python"],
 }
 
 
@@ -83,15 +87,18 @@ def main() -> None:
     base = results["baseline"]
     rows = []
     for v in args.variants:
-        for stage in ("inference", "train"):
+        own_env = [r["env"] for r in results[v]] if v != "baseline" and "env" in results[v][0] else None
+        for stage in ("env", "inference", "train") if own_env else ("inference", "train"):
             if stage not in results[v][0]:
                 continue
             sps = [r[stage] for r in results[v]]
             share = harness.paired_ratio(sps, [b["env"] for b in base])
             vs_base = harness.paired_ratio(sps, [b[stage] for b in base])
+            own = harness.paired_ratio(sps, own_env) if own_env else None
             rows.append({"variant": v, "stage": stage, "env_steps_per_s": sps, "share_of_env_only": share,
-                         "vs_baseline": vs_base})  # fmt: skip
-            print(f"{v:22s} {stage:9s} {harness.median(sps):8.0f}  share {share:.3f}  vs baseline {vs_base:.3f}")
+                         "vs_baseline": vs_base, "share_of_own_env_only": own})  # fmt: skip
+            print(f"{v:22s} {stage:9s} {harness.median(sps):8.0f}  share {share:.3f}  vs baseline {vs_base:.3f}"
+                  + (f"  own share {own:.3f}" if own else ""))  # fmt: skip
     env_only = [b["env"] for b in base]
     data = {"machine": harness.machine_record(quiet), "quiet": quiet, "rounds": args.rounds, "base_overrides": BASE,
             "variants": {v: VARIANTS[v] for v in args.variants}, "results": results, "rows": rows}  # fmt: skip
@@ -103,12 +110,13 @@ def main() -> None:
         f"{args.rounds} interleaved rounds; each figure the suite's median of 3 windows of 2 s; ratios are paired per "
         f"round. Baseline env-only: {', '.join(f'{x:.0f}' for x in env_only)} env steps/s.",
         "",
-        "| variant | stage | env steps/s (per round) | share of env-only | vs baseline |",
-        "|---|---|---:|---:|---:|",
+        "| variant | stage | env steps/s (per round) | share of env-only | vs baseline | share of its own env-only |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
+        own = f"{r['share_of_own_env_only']:.2f}x" if r["share_of_own_env_only"] else "-"
         md.append(f"| {r['variant']} | {r['stage']} | {' / '.join(f'{x:.0f}' for x in r['env_steps_per_s'])} | "
-                  f"{r['share_of_env_only']:.2f}x | {r['vs_baseline']:.2f}x |")  # fmt: skip
+                  f"{r['share_of_env_only']:.2f}x | {r['vs_baseline']:.2f}x | {own} |")  # fmt: skip
     md.append("")
     md.append("Overrides of every run: `" + " ".join(BASE) + "`; per variant: " +
               "; ".join(f"{v}: `{' '.join(VARIANTS[v])}`" for v in args.variants) + ".")  # fmt: skip

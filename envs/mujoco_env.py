@@ -7,13 +7,14 @@ workers gather physics into. Task semantics (observation, reward, termination, r
 and are computed vectorised in numpy over the whole batch; this module adds only stepping, gathering, auto-reset and
 bookkeeping.
 
-Per env step the threads take the envs one at a time from a shared counter (the caller's thread too: in ``step``,
-and in ``recv`` for the envs still unclaimed, with ``caller_steps``)
-and, for each: load the env's state (``ctrl`` included) into the thread's ``MjData`` (``mj_setState``),
-``mj_step(nstep=frame_skip)`` (the bindings release the GIL), ``mj_rnePostConstraint`` where the task reads
-``cfrc_ext`` (exactly like gymnasium's ``MujocoEnv``), store the state back (``mj_getState``), copy the task's
-fields into the env's rows of the batch arrays, and, if the env's next reset is not prepared yet, prepare it (draw
-the noise, ``mj_resetData`` + ``mj_forward``, first observation). ``recv`` then does the maths and copies prepared
+Per env step the threads take the envs from a shared counter (the caller's thread too: in ``step``, and in ``recv``
+for the envs still unclaimed, with ``caller_steps``), in runs of a few envs with the default compiled kernel (one
+GIL-free call per run, ``envs.mujoco_kernel``) or one at a time with ``kernel="python"`` (the bindings' calls, each
+releasing the GIL), and, for each env: load its state (``ctrl`` included) into the thread's ``MjData``
+(``mj_setState``), ``mj_step`` ``frame_skip`` times, ``mj_rnePostConstraint`` where the task reads ``cfrc_ext``
+(exactly like gymnasium's ``MujocoEnv``), store the state back (``mj_getState``), copy the task's fields into the
+env's rows of the batch arrays, and, if the env's next reset is not prepared yet, prepare it (draw the noise,
+``mj_resetData`` + ``mj_forward``, first observation; in Python). ``recv`` then does the maths and copies prepared
 resets in for the envs that are done. Results depend on nothing but each env's own state and generator, so they
 are identical for any thread count and schedule (tested). Stepping through one cache-hot ``MjData`` per thread (as
 ``mujoco.rollout`` does) is bit-identical to keeping one ``MjData`` per env, measured a few percent cheaper, and
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 
 from .base import BatchedEnv, EnvError, Spec, StepResult
+from .mujoco_kernel import field_table, step_kernel
 from .physics import build_model, model_consts
 from .tasks import TASKS, Physics, is_terminated, resolve_options
 
@@ -43,7 +45,12 @@ BACKEND_OPTIONS: dict[str, Any] = {
     "step_timeout_s": 60.0,  # recv() raises if the workers have not finished a step by then
     "model_params": None,  # per-env MjModel fields {field: [num_envs, ...]} (domain randomization, envs.custom)
     "caller_steps": False,  # True: recv() steps the envs no worker has claimed yet itself instead of only waiting
+    "kernel": "compiled",  # "compiled": runs of envs stepped in one GIL-free call (envs.mujoco_kernel); "python"
 }
+
+#: How many runs of envs each stepping thread claims per step with the compiled kernel (a run is one GIL-free
+#: call): more runs balance the threads better when one is descheduled, fewer take the GIL fewer times.
+_RUNS_PER_THREAD = 4
 
 #: MuJoCo warnings that mean the physics blew up: MuJoCo has already reset that MjData, we reset it properly.
 _BAD = sorted(
@@ -113,6 +120,11 @@ class _Shared:
         self.warn = env._warn  # [N, num_warnings] MuJoCo's warning counters of each env's last step
         self.frame_skip = env.frame_skip
         self.need_rne = env._need_rne
+        self.compiled = env.opts["kernel"] == "compiled"
+        # The compiled kernel's env runs: ``claim`` hands out run numbers, run k is envs [k * run, (k + 1) * run).
+        self.run = max(1, -(-env.num_envs // (_RUNS_PER_THREAD * env.num_threads)))
+        self.env_idx = np.arange(env.num_envs, dtype=np.int64)
+        self.model_addrs = np.array([m._address for m in env._models], dtype=np.int64)  # kept alive by ``models``
         # INVARIANT: after every physics phase, env i's next reset is prepared: reset_state[i] and reset_bufs[f][i]
         # hold the state (and gathered fields) that reset draw number k+1 of env i's generator gives, where k draws
         # were consumed by the resets it has done. recv() copies them in for the envs that are done and marks them
@@ -151,8 +163,38 @@ class _Worker:
         self.done = threading.Event()
         self.stop = False
         self.error: str | None = None
+        if shared.compiled:
+            self.kernel = step_kernel()
+            # (the batch arrays and this MjData are never reallocated, so their addresses hold for the env's life)
+            self.fields = field_table([b for b, _ in self.copies], [v for _, v in self.copies])
+            self.warn_addr = int(self.warn_view.ctypes.data)
 
     def step_slice(self) -> None:
+        if self.shared.compiled:
+            self.step_runs()
+        else:
+            self.step_each()
+
+    def step_runs(self) -> None:
+        """``step_each`` with the compiled kernel: claims runs of envs instead of single envs and steps each run in
+        one call that holds no GIL (envs.mujoco_kernel); same C calls in the same order, so the same bits."""
+        sh = self.shared
+        run, n, idx, stale, kernel = sh.run, sh.num_envs, sh.env_idx, sh.stale, self.kernel
+        args = (sh.frame_skip, sh.need_rne, _STATE_SPEC, *self.fields, self.warn_addr, sh.warn)
+        models, data, state = sh.model_addrs, self.data._address, sh.state
+        num_stepped = 0
+        for k in sh.claim:
+            lo = k * run
+            if lo >= n:
+                break
+            envs = idx[lo : lo + run]
+            kernel(envs, models, data, state, *args)
+            for i in envs[stale[envs]]:  # rare (an env that was reset last step): Python, as in step_each
+                self.prepare_reset(int(i))
+            num_stepped += len(envs)
+        self.num_stepped = num_stepped
+
+    def step_each(self) -> None:
         """Step envs until this step's work list is empty; each thread takes the next unclaimed env, so a thread
         that started late or was descheduled simply steps fewer envs (all threads finish within one env step)."""
         # PERF: beside ~200 µs of C physics per Ant env step, the per-env Python here (claim, state in/out, row
@@ -257,6 +299,8 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         raise EnvError(f"step_timeout_s must be a positive number of seconds, got {timeout!r}")
     if not isinstance(opts["caller_steps"], bool):
         raise EnvError(f"caller_steps must be true or false, got {opts['caller_steps']!r}")
+    if opts["kernel"] not in ("compiled", "python"):
+        raise EnvError(f"kernel must be 'compiled' or 'python', got {opts['kernel']!r}")
     return opts
 
 

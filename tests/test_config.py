@@ -467,6 +467,11 @@ BACKEND_BAD = [
         ("ant", "mujoco", {"caller_steps": "sometimes"}),
     ),
     (
+        ["env=ant", "+env.options.kernel=numba"],
+        "env.options (mujoco backend): kernel must be 'compiled' or 'python', got 'numba'",
+        ("ant", "mujoco", {"kernel": "numba"}),
+    ),
+    (
         ["env=ant", "+env.options.cone=round"],
         "env.options (mujoco backend): cone must be one of ['elliptic', 'pyramidal']",
         ("ant", "mujoco", {"cone": "round"}),
