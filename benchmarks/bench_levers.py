@@ -21,7 +21,11 @@ Variants (the suite's settings, docs/benchmark.md):
   on the caller's thread instead of only waiting for them (``caller_steps``, off by default);
 * ``kernel=python``: the mujoco backend's Python stepping loop (four MuJoCo calls per env, the GIL taken back after
   each) instead of the default compiled kernel (``envs.mujoco_kernel``: one GIL-free call per run of envs). It
-  measures env-only too, and its shares are given against its own env-only as well.
+  measures env-only too, and its shares are given against its own env-only as well;
+* ``sim_threads=1+caller_steps``: one simulator thread per env group, and the sampler's main thread steps the
+  envs that thread has not claimed when it reaches ``recv`` (3 threads on 2 cores instead of 5);
+* ``worker_nice=5`` / ``19``: the mujoco backend's stepping threads run at a higher nice value than the sampler's
+  main thread (``worker_nice``), so the main thread's serial work (recv, the policy, send) preempts the physics.
 
 Take /tmp/race.lock while it runs (docs/benchmark.md).
 """
@@ -55,6 +59,13 @@ VARIANTS: dict[str, list[str]] = {
     "gil_switch=50us": ["stages=[inference,train]", "gil_switch_interval_s=0.00005"],
     "caller_steps=true": ["stages=[inference,train]", "++backend_options.mujoco.caller_steps=true"],
     "kernel=python": ["stages=[env,inference,train]", "++backend_options.mujoco.kernel=python"],
+    "sim_threads=1+caller_steps": [
+        "stages=[inference,train]",
+        "num_threads=1",
+        "++backend_options.mujoco.caller_steps=true",
+    ],
+    "worker_nice=5": ["stages=[inference,train]", "++backend_options.mujoco.worker_nice=5"],
+    "worker_nice=19": ["stages=[inference,train]", "++backend_options.mujoco.worker_nice=19"],
 }
 
 

@@ -46,6 +46,7 @@ BACKEND_OPTIONS: dict[str, Any] = {
     "model_params": None,  # per-env MjModel fields {field: [num_envs, ...]} (domain randomization, envs.custom)
     "caller_steps": False,  # True: recv() steps the envs no worker has claimed yet itself instead of only waiting
     "kernel": "compiled",  # "compiled": runs of envs stepped in one GIL-free call (envs.mujoco_kernel); "python"
+    "worker_nice": 0,  # added to the stepping threads' nice value (Linux; 0-19): the caller's thread preempts them
 }
 
 #: How many runs of envs each stepping thread claims per step with the compiled kernel (a run is one GIL-free
@@ -263,7 +264,9 @@ def _unpack(packed: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return (*obs2.unbind(0), *f32.unbind(0), *flags.unbind(0), episode_length)
 
 
-def _worker_loop(w: _Worker) -> None:
+def _worker_loop(w: _Worker, nice: int = 0) -> None:
+    if nice:  # Linux: a thread's own nice value (PRIO_PROCESS with its thread id); raising it needs no privilege
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
     while True:
         # Woken by send() or close(); the timeout only bounds the wait, as every wait in the project is.
         if not w.start.wait(timeout=_IDLE_WAKE_S):
@@ -299,6 +302,9 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         raise EnvError(f"step_timeout_s must be a positive number of seconds, got {timeout!r}")
     if not isinstance(opts["caller_steps"], bool):
         raise EnvError(f"caller_steps must be true or false, got {opts['caller_steps']!r}")
+    nice = opts["worker_nice"]
+    if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+        raise EnvError(f"worker_nice must be an int from 0 to 19, got {nice!r}")
     if opts["kernel"] not in ("compiled", "python"):
         raise EnvError(f"kernel must be 'compiled' or 'python', got {opts['kernel']!r}")
     return opts
@@ -394,7 +400,7 @@ class MujocoEnv(BatchedEnv):
         self._seed_rngs(seed)
         for k in range(self.num_threads):
             w = _Worker(self._shared, f"mujoco-env-{k}")
-            t = threading.Thread(target=_worker_loop, args=(w,), name=w.name, daemon=True)
+            t = threading.Thread(target=_worker_loop, args=(w, opts["worker_nice"]), name=w.name, daemon=True)
             t.start()
             self._workers.append(w)
             self._threads.append(t)

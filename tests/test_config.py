@@ -467,6 +467,11 @@ BACKEND_BAD = [
         ("ant", "mujoco", {"caller_steps": "sometimes"}),
     ),
     (
+        ["env=ant", "+env.options.worker_nice=-5"],
+        "env.options (mujoco backend): worker_nice must be an int from 0 to 19, got -5",
+        ("ant", "mujoco", {"worker_nice": -5}),
+    ),
+    (
         ["env=ant", "+env.options.kernel=numba"],
         "env.options (mujoco backend): kernel must be 'compiled' or 'python', got 'numba'",
         ("ant", "mujoco", {"kernel": "numba"}),

@@ -8,6 +8,7 @@ env without time limit as the non-resetting reference, and thread counts from ``
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import threading
@@ -552,3 +553,17 @@ def test_a_mujoco_error_in_the_compiled_kernel_exits_with_its_message():
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-500:])
     assert "ERROR" in proc.stdout + proc.stderr and "invalid state signature" in proc.stdout + proc.stderr
     assert "returned" not in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_worker_nice_lowers_only_the_stepping_threads_priority():
+    def nice_of(tid: int) -> int:
+        return os.getpriority(os.PRIO_PROCESS, tid)
+
+    base = nice_of(threading.get_native_id())
+    with make("hopper", 4, backend="mujoco", num_threads=2, worker_nice=7) as env:
+        env.reset()
+        env.step(torch.zeros(4, 3))
+        tids = [t.native_id for t in env._threads]
+        assert [nice_of(t) for t in tids] == [min(19, base + 7)] * 2
+        assert nice_of(threading.get_native_id()) == base  # the caller's thread keeps its own
