@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from .base import BatchedEnv, EnvError, Spec, StepResult
-from .mujoco_kernel import field_table, step_kernel
 from .physics import build_model, model_consts
 from .tasks import TASKS, Physics, is_terminated, resolve_options
 
@@ -165,6 +164,8 @@ class _Worker:
         self.stop = False
         self.error: str | None = None
         if shared.compiled:
+            from .mujoco_kernel import field_table, step_kernel  # numba: imported only when it is used
+
             self.kernel = step_kernel()
             # (the batch arrays and this MjData are never reallocated, so their addresses hold for the env's life)
             self.fields = field_table([b for b, _ in self.copies], [v for _, v in self.copies])
