@@ -56,30 +56,22 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-@intrinsic
-def _voidptr(typingctx, addr):  # noqa: ARG001 (numba's intrinsic signature)
-    """An integer address as a ``void*`` (numba has no cast for it)."""
+def _cast_to(pointer_type):
+    """A numba intrinsic that reads an integer address as ``pointer_type`` (numba has no cast for it)."""
 
-    def codegen(context, builder, signature, args):  # noqa: ARG001
-        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+    @intrinsic
+    def cast(typingctx, addr):  # noqa: ARG001 (numba's intrinsic signature)
+        def codegen(context, builder, signature, args):  # noqa: ARG001
+            return builder.inttoptr(args[0], context.get_value_type(pointer_type))
 
-    return types.voidptr(addr), codegen
+        return pointer_type(addr), codegen
 
-
-@intrinsic
-def _f64ptr(typingctx, addr):  # noqa: ARG001
-    def codegen(context, builder, signature, args):  # noqa: ARG001
-        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float64)))
-
-    return types.CPointer(types.float64)(addr), codegen
+    return cast
 
 
-@intrinsic
-def _i32ptr(typingctx, addr):  # noqa: ARG001
-    def codegen(context, builder, signature, args):  # noqa: ARG001
-        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int32)))
-
-    return types.CPointer(types.int32)(addr), codegen
+_voidptr = _cast_to(types.voidptr)
+_f64ptr = _cast_to(types.CPointer(types.float64))
+_i32ptr = _cast_to(types.CPointer(types.int32))
 
 
 @functools.lru_cache(maxsize=1)
