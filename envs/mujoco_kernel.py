@@ -9,7 +9,8 @@ This module makes the same C calls from a numba function compiled with ``nogil=T
 once per run of envs instead of four times per env.
 
 The calls go to the very ``libmujoco`` the bindings use (the same file, so ``dlopen`` hands back the loaded
-library: one copy of MuJoCo's global state), through ctypes prototypes that numba compiles into direct calls. The
+library: one copy of MuJoCo's global state), called through their addresses (looked up with ctypes, passed to
+the kernel as integers, so numba caches its machine code in ``__pycache__``). The
 C functions are called with the same arguments in the same order as the Python loop, so the results are the same
 bits (tested for every task). ``mj_step`` is called ``frame_skip`` times, which is what the bindings'
 ``mj_step(m, d, nstep)`` does.
@@ -32,6 +33,7 @@ import os
 import mujoco
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
@@ -74,9 +76,66 @@ _f64ptr = _cast_to(types.CPointer(types.float64))
 _i32ptr = _cast_to(types.CPointer(types.int32))
 
 
+def _emit_call(builder, fn_addr, pointers, integer=None) -> None:
+    """Call the C function at integer address ``fn_addr`` as ``void fn(void*, ..., [int])``."""
+    i8p = ir.IntType(8).as_pointer()
+    params = [i8p] * len(pointers) + ([ir.IntType(32)] if integer is not None else [])
+    fnptr = builder.inttoptr(fn_addr, ir.FunctionType(ir.VoidType(), params).as_pointer())
+    values = list(pointers) + ([builder.trunc(integer, ir.IntType(32))] if integer is not None else [])
+    builder.call(fnptr, values)
+
+
+# The MuJoCo functions are called through their addresses, passed in as arguments rather than held as ctypes
+# globals, so that numba can cache the compiled kernel (ctypes objects cannot be pickled into its cache).
+@intrinsic
+def _call_pp(typingctx, fn, a, b):  # noqa: ARG001 (numba's intrinsic signature): mj_step, mj_rnePostConstraint
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        _emit_call(builder, args[0], args[1:3])
+        return context.get_dummy_value()
+
+    return types.void(fn, a, b), codegen
+
+
+@intrinsic
+def _call_pppi(typingctx, fn, a, b, c, k):  # noqa: ARG001 (mj_setState, mj_getState)
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        _emit_call(builder, args[0], args[1:4], args[4])
+        return context.get_dummy_value()
+
+    return types.void(fn, a, b, c, k), codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def _step_envs(fns, idx, models, data, state, nstep, rne, spec, src, dst, width, warn_src, warn_buf):
+    mj_step, mj_rne, mj_set, mj_get = fns[0], fns[1], fns[2], fns[3]
+    d = _voidptr(data)
+    nwarn = warn_buf.shape[1]
+    warn = numba.carray(_i32ptr(warn_src), (2 * nwarn - 1,))  # number[w] is warn[2 * w] (8-byte structs)
+    for k in range(idx.shape[0]):
+        i = idx[k]
+        m = _voidptr(models[i])
+        row = _voidptr(state[i].ctypes.data)
+        _call_pppi(mj_set, m, d, row, spec)
+        for _ in range(nstep):
+            _call_pp(mj_step, m, d)
+        if rne:
+            _call_pp(mj_rne, m, d)
+        _call_pppi(mj_get, m, d, row, spec)
+        for f in range(src.shape[0]):
+            n = width[f]
+            s = numba.carray(_f64ptr(src[f]), (n,))
+            t = numba.carray(_f64ptr(dst[f] + 8 * n * i), (n,))
+            for j in range(n):
+                t[j] = s[j]
+        for w in range(nwarn):
+            warn_buf[i, w] = warn[2 * w]
+            warn[2 * w] = 0
+
+
 @functools.lru_cache(maxsize=1)
 def step_kernel():
-    """The compiled loop (built on first use: about a second of numba compile per process).
+    """The compiled loop, with the MuJoCo functions' addresses bound (numba caches the machine code in
+    ``__pycache__``; the first use in a fresh checkout compiles it, about a second).
 
     ``step_envs(idx, models, data, state, nstep, rne, spec, src, dst, width, warn_src, warn_buf)`` steps the envs
     ``idx`` in order: for env ``i``, ``mj_setState(models[i], data, state[i])``, ``nstep`` x ``mj_step``,
@@ -86,33 +145,11 @@ def step_kernel():
     zeroing them for the next env. Addresses are integers (``ndarray.ctypes.data``, ``MjData._address``).
     """
     lib = _lib()
-    mj_step, mj_rne = lib.mj_step, lib.mj_rnePostConstraint
-    mj_set, mj_get = lib.mj_setState, lib.mj_getState
+    names = ("mj_step", "mj_rnePostConstraint", "mj_setState", "mj_getState")
+    fns = np.array([ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names], dtype=np.int64)
 
-    @numba.njit(nogil=True, cache=False)
     def step_envs(idx, models, data, state, nstep, rne, spec, src, dst, width, warn_src, warn_buf):
-        d = _voidptr(data)
-        nwarn = warn_buf.shape[1]
-        warn = numba.carray(_i32ptr(warn_src), (2 * nwarn - 1,))  # number[w] is warn[2 * w] (8-byte structs)
-        for k in range(idx.shape[0]):
-            i = idx[k]
-            m = _voidptr(models[i])
-            row = _voidptr(state[i].ctypes.data)
-            mj_set(m, d, row, spec)
-            for _ in range(nstep):
-                mj_step(m, d)
-            if rne:
-                mj_rne(m, d)
-            mj_get(m, d, row, spec)
-            for f in range(src.shape[0]):
-                n = width[f]
-                s = numba.carray(_f64ptr(src[f]), (n,))
-                t = numba.carray(_f64ptr(dst[f] + 8 * n * i), (n,))
-                for j in range(n):
-                    t[j] = s[j]
-            for w in range(nwarn):
-                warn_buf[i, w] = warn[2 * w]
-                warn[2 * w] = 0
+        _step_envs(fns, idx, models, data, state, nstep, rne, spec, src, dst, width, warn_src, warn_buf)
 
     return step_envs
 
