@@ -1,8 +1,23 @@
 """Shared test settings: ``slow`` tests run only with --runslow; ``gpu`` tests only with a CUDA device. The
-``load_bench`` fixture imports a script of ``benchmarks/`` by name."""
+``load_bench`` fixture imports a script of ``benchmarks/`` by name.
+
+``@pytest.mark.isolated("func", timeout_s=...)``: the test's work is ``func()`` of the test's own file, run in a
+fresh interpreter with a hard timeout (MJX on the CPU has been seen to hang inside XLA, where no Python-level timeout
+reaches). These jobs are compile-bound and single-process, and most of the suite keeps only one of the two cores
+busy, so the jobs of every selected ``isolated`` test start when collection ends, one at a time at nice 10 on the
+spare core, in collection order; the test itself (fixture ``isolated``) waits for its job's result. A job still
+running when the session ends (Ctrl-C, a failure with -x) is killed.
+"""
+
+from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -12,6 +27,12 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "isolated(func, timeout_s): run func() of the test's file in a background subprocess (conftest)"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -24,6 +45,125 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+
+
+# ----- isolated jobs --------------------------------------------------------------------------------------------
+@dataclass
+class IsolatedJob:
+    """``func()`` of ``path`` in a fresh interpreter, killed after ``timeout_s`` of its own run time."""
+
+    path: str
+    func: str
+    timeout_s: float
+    done: threading.Event = field(default_factory=threading.Event)
+    returncode: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    elapsed_s: float = 0.0
+
+    def run(self, procs: list[subprocess.Popen], stopping: threading.Event) -> None:
+        # nice 10: the job takes the core the suite leaves idle; PR_SET_PDEATHSIG (1) = SIGKILL (9): it dies with
+        # the thread that started it if pytest itself is killed (SIGKILL, OOM), as no cleanup hook then runs.
+        death = "import ctypes; ctypes.CDLL(None).prctl(1, 9); " if sys.platform == "linux" else ""
+        code = f"import os, runpy; {death}os.nice(10); runpy.run_path({self.path!r})[{self.func!r}]()"
+        t0 = time.monotonic()
+        try:
+            if stopping.is_set():
+                self.returncode, self.stderr = -1, "not started: the session was ending"
+                return
+            proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)  # fmt: skip
+            procs.append(proc)
+            try:
+                self.stdout, self.stderr = proc.communicate(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                self.stdout, self.stderr = proc.communicate(timeout=30)
+                self.timed_out = True
+            self.returncode = proc.returncode
+        finally:
+            self.elapsed_s = time.monotonic() - t0
+            self.done.set()
+
+    def check(self) -> None:
+        """Wait for the job (it runs in collection order, each bounded by its timeout) and turn its outcome into
+        the test's: an assertion failed in the child -> AssertionError (what xfail(raises=AssertionError) expects);
+        a crash or a hang -> pytest.fail, never mistaken for an expected failure."""
+        while not self.done.wait(timeout=1.0):
+            pass  # bounded: every job ahead of this one and this one itself have a hard timeout
+        where = f"{self.func} ({self.elapsed_s:.0f} s in the background)"
+        if self.timed_out:
+            pytest.fail(f"{where} did not finish within {self.timeout_s:g} s (MJX hang on CPU?)\n{self.stderr[-3000:]}")
+        if self.returncode != 0:
+            message = f"{where} failed:\n{self.stdout[-3000:]}\n{self.stderr[-5000:]}"
+            if "\nAssertionError" in self.stderr:
+                raise AssertionError(message)
+            pytest.fail(message)
+        sys.stdout.write(self.stdout)  # the child's measurements, shown with -s or on failure
+
+
+class IsolatedRunner:
+    def __init__(self, jobs: list[IsolatedJob]):
+        self.jobs = jobs
+        self.procs: list[subprocess.Popen] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="isolated-jobs", daemon=True)
+
+    def _loop(self) -> None:
+        for job in self.jobs:
+            job.run(self.procs, self.stopping)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        self.thread.join(timeout=60)
+
+
+_JOBS: dict[str, IsolatedJob] = {}
+_RUNNER: list[IsolatedRunner] = []
+
+
+def pytest_collection_finish(session):
+    jobs = []
+    for item in session.items:
+        marker = item.get_closest_marker("isolated")
+        if marker is None or item.get_closest_marker("skip") is not None:
+            continue
+        job = IsolatedJob(str(item.path), marker.args[0], float(marker.kwargs["timeout_s"]))
+        _JOBS[item.nodeid] = job
+        jobs.append(job)
+    if jobs:
+        runner = IsolatedRunner(jobs)
+        _RUNNER.append(runner)
+        runner.thread.start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for runner in _RUNNER:
+        runner.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _third_party_temp_dirs(tmp_path_factory):
+    """stable-baselines3 makes a log folder in /tmp at every ``learn()`` (``SB3-<date>``) unless SB3_LOGDIR names
+    one: point it under pytest's own temporary folder, which pytest prunes (the last 3 sessions are kept)."""
+    old = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3"))
+    yield
+    if old is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = old
+
+
+@pytest.fixture
+def isolated(request) -> IsolatedJob:
+    """The background job of this ``@pytest.mark.isolated`` test; ``isolated.check()`` waits for it."""
+    return _JOBS[request.node.nodeid]
 
 
 @pytest.fixture

@@ -12,6 +12,14 @@ import torch
 from sample_fast.envs import EnvError, make
 
 WARP_CACHE = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, ".cache", "warp"))
+#: The values of test_env_mjx.FAST_OPTIONS: a difference costs one more compile, not a wrong result.
+MJX_FAST_OPTIONS = {
+    "max_episode_steps": 25,
+    "xla_opt_level": 0,
+    "compilation_cache_dir": os.path.abspath(
+        os.path.join(os.path.dirname(__file__), os.pardir, ".pytest_cache", "mjx-xla")
+    ),
+}
 
 #: id -> (optional third-party package the case needs, make args, make kwargs). Small envs: these tests check the
 #: API, not physics. Only envpool is optional (pyproject's ``envpool`` extra); every other backend's packages are
@@ -23,8 +31,10 @@ CASES: dict[str, tuple[str | None, tuple, dict]] = {
     "gymnasium-discrete": (None, ("gymnasium:CartPole-v1", 2), {}),
     "envpool": ("envpool", ("hopper", 2), {"backend": "envpool", "num_threads": 1}),
     "mujoco": (None, ("hopper", 2), {"backend": "mujoco"}),
-    # MJX compiles when built (10 s to minutes on a busy 2-core CPU): one module-scoped env, marked slow below.
-    "mjx": (None, ("hopper", 2), {"backend": "mjx", "device": "cpu", "contacts": "feet"}),
+    # MJX compiles when built (10 s to minutes on a busy 2-core CPU): one module-scoped env, marked slow below. It is
+    # test_env_mjx's `cheetah` env (same task, size, seed and options), so the two share one entry of the XLA
+    # persistent cache: whichever module runs first compiles, the other loads.
+    "mjx": (None, ("halfcheetah", 4), {"backend": "mjx", "device": "cpu", "seed": 1, **MJX_FAST_OPTIONS}),
     # MuJoCo Warp builds its kernels once into the kernel cache (.cache/warp, kept by CI): ~1 s when cached.
     "warp": (None, ("hopper", 2), {"backend": "warp", "device": "cpu", "kernel_cache_dir": WARP_CACHE}),
 }

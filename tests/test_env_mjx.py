@@ -4,14 +4,14 @@ MuJoCo C reference written here, auto-reset/truncation/termination, the non-fini
 Compiling an MJX program costs tens of seconds on 2 CPU cores, so the fast tests share ONE compiled HalfCheetah env
 (Euler integrator, the cheapest task to compile) and the XLA persistent cache under .pytest_cache. Ant (RK4 +
 cfrc_ext, elliptic and default cone), Hopper (termination, float64), Walker2d and Humanoid run in subprocesses with
-a hard timeout, because MJX on the CPU has been seen to hang inside XLA where no Python-level timeout can reach.
+a hard timeout, because MJX on the CPU has been seen to hang inside XLA where no Python-level timeout can reach;
+those compile-bound jobs start in the background on the spare core when collection ends (``isolated`` in
+tests/conftest.py), so most of their minutes overlap the rest of the suite.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -321,19 +321,10 @@ def test_humanoid_pgs_solver_is_replaced_and_recorded():
     assert model.opt.solver == mujoco.mjtSolver.mjSOL_CG
 
 
-# ----- Ant, Hopper, Walker2d, Humanoid: each in a subprocess with a hard timeout (most of them slow) -------------
-def run_isolated(func_name: str, timeout_s: float) -> None:
-    """Run ``func_name`` from this file in a fresh interpreter; a hang inside XLA is killed after ``timeout_s``."""
-    code = f"import runpy; runpy.run_path({__file__!r})[{func_name!r}]()"
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{func_name} did not finish within {timeout_s} s (MJX hang on CPU?)")
-    if proc.returncode != 0:
-        message = f"{func_name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        if "\nAssertionError" in proc.stderr:
-            raise AssertionError(message)  # a check failed in the child (what xfail(raises=AssertionError) expects)
-        pytest.fail(message)  # a crash or a hang: never mistaken for an expected failure
+# ----- Ant, Hopper, Walker2d, Humanoid: each in a subprocess with a hard timeout (all of them slow) -------------
+# ``@pytest.mark.isolated(func, timeout_s)`` (tests/conftest.py): ``func()`` below runs in a fresh interpreter, started
+# in the background when collection ends; the test waits for its outcome (an AssertionError in the child is raised
+# as one, a crash or a hang fails the test).
 
 
 def _ant_rollout_against_c(cone: str | None, close: bool = True):
@@ -416,8 +407,9 @@ def _hopper_terminates() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_ant_rk4_cfrc_ext_agrees_with_float64_mujoco_c_and_with_mujoco_backend():
-    run_isolated("_ant_agreement", timeout_s=840)
+@pytest.mark.isolated("_ant_agreement", timeout_s=840)
+def test_ant_rk4_cfrc_ext_agrees_with_float64_mujoco_c_and_with_mujoco_backend(isolated):
+    isolated.check()
 
 
 @pytest.mark.slow
@@ -432,8 +424,9 @@ def test_ant_rk4_cfrc_ext_agrees_with_float64_mujoco_c_and_with_mujoco_backend()
     "values up to ~9) and qpos[2:] by 7e-3, at step 4 qvel by 2.2 and cfrc_ext by 0.18, later O(1-3); reward by "
     "0.09 at step 3 and up to 0.78 by step 7. With cone='elliptic' the same window agrees to <= 6e-3 (see above).",
 )
-def test_ant_default_pyramidal_cone_agrees_with_float64_mujoco_c():
-    run_isolated("_ant_default_cone_agreement", timeout_s=840)
+@pytest.mark.isolated("_ant_default_cone_agreement", timeout_s=840)
+def test_ant_default_pyramidal_cone_agrees_with_float64_mujoco_c(isolated):
+    isolated.check()
 
 
 def _agreement_with_c(name: str, num_envs: int, num_steps: int, obs_atol: float, obs_rtol: float, rew_atol: float):
@@ -467,26 +460,30 @@ def _humanoid_agreement() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_walker2d_agrees_with_float64_mujoco_c():
-    run_isolated("_walker2d_agreement", timeout_s=540)  # 22 s alone, 39 s within the suite: mostly the compile
+@pytest.mark.isolated("_walker2d_agreement", timeout_s=540)
+def test_walker2d_agrees_with_float64_mujoco_c(isolated):
+    isolated.check()  # 22 s alone, 39 s within the suite: mostly the compile
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_humanoid_agrees_with_float64_mujoco_c():
-    run_isolated("_humanoid_agreement", timeout_s=840)  # 65-85 s here, the compile alone ~60 s
+@pytest.mark.isolated("_humanoid_agreement", timeout_s=840)
+def test_humanoid_agrees_with_float64_mujoco_c(isolated):
+    isolated.check()  # 65-85 s here, the compile alone ~60 s
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_hopper_float64_agrees_with_mujoco_c():
-    run_isolated("_hopper_float64_agreement", timeout_s=840)
+@pytest.mark.isolated("_hopper_float64_agreement", timeout_s=840)
+def test_hopper_float64_agrees_with_mujoco_c(isolated):
+    isolated.check()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_hopper_terminates_when_unhealthy_and_resets():
-    run_isolated("_hopper_terminates", timeout_s=840)
+@pytest.mark.isolated("_hopper_terminates", timeout_s=840)
+def test_hopper_terminates_when_unhealthy_and_resets(isolated):
+    isolated.check()
 
 
 def compare_with_mujoco_backend(env, actions: torch.Tensor, seed: int, obs_atol: float, rew_atol: float) -> None:
