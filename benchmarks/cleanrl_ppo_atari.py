@@ -50,10 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-grad-norm", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = all cores")
     p.add_argument("--env-threads", type=int, default=0, help="EnvPool threads; 0 = all cores")
+    p.add_argument("--repeat-action-probability", type=float, default=0.0,
+                   help="sticky actions (EnvPool's default 0, as CleanRL runs it; env=pong uses 0.25)")  # fmt: skip
     p.add_argument("--out-dir", default=None, help="where games.csv and updates.csv go (none: not written)")
     args = p.parse_args(argv)
     if args.num_envs < 1 or args.num_steps < 1 or args.num_minibatches < 1:
         p.error("--num-envs, --num-steps and --num-minibatches must be >= 1")
+    if not 0.0 <= args.repeat_action_probability <= 1.0:
+        p.error("--repeat-action-probability must be in [0, 1]")
     if (args.num_envs * args.num_steps) % args.num_minibatches:
         p.error("--num-envs * --num-steps must be divisible by --num-minibatches")
     return args
@@ -136,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         num_threads=min(args.env_threads or cores, args.num_envs),
         episodic_life=True,
         reward_clip=True,
+        repeat_action_probability=args.repeat_action_probability,
         seed=args.seed,
     )
     num_actions = envs.action_space.n

@@ -174,6 +174,7 @@ def load_bench():
         path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # as an import does: dataclasses look their module up there
         spec.loader.exec_module(module)
         return module
 

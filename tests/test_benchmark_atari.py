@@ -4,6 +4,7 @@ CleanRL-style script's score bookkeeping against hand-computed values."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -110,3 +111,28 @@ def test_sample_factory_atari_command():
     assert cmd[1:3] == ["-m", "sf_examples.atari.train_atari"] and "--env=atari_breakout" in cmd
     assert "--summaries_use_frameskip=False" in cmd  # agent steps, as every other runner counts
     assert "--summaries_use_frameskip=False" not in sample_factory_peer.command("ant", cfg, "/tmp/x")
+
+
+def test_cleanrl_sticky_actions_option(capsys):
+    assert cleanrl_ppo_atari.parse_args([]).repeat_action_probability == 0.0  # EnvPool's default, as CleanRL
+    assert cleanrl_ppo_atari.parse_args(["--repeat-action-probability", "0.25"]).repeat_action_probability == 0.25
+    with pytest.raises(SystemExit):
+        cleanrl_ppo_atari.parse_args(["--repeat-action-probability", "1.5"])
+    assert "--repeat-action-probability must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_pong_race_times_to_a_mean_score(tmp_path, load_bench):
+    race = load_bench("pong_race")
+    ours = tmp_path / "progress.csv"
+    ours.write_text("env_steps,wall_s,episode_return_mean\n100,10,\n200,20,-12\n300,30,0.5\n400,40,-1\n")
+    peer = tmp_path / "updates.csv"
+    peer.write_text("wall_s,global_step,sps,score_mean100\n15,100,9,nan\n35,300,9,-16\n45,400,9,-5\n")
+    a, b = race.read_ours(str(ours)), race.read_peer(str(peer))
+    assert a.first_reach(-15.0) == (20.0, 200.0) and a.first_reach(0.0) == (30.0, 300.0)
+    assert a.first_reach(1.0) is None and b.first_reach(-15.0) == (45.0, 400.0)
+    assert math.isnan(a.at_time(15)) and a.at_time(35) == 0.5 and b.at_time(40) == -16.0
+    assert a.median_fps() == 10.0 and b.median_fps() == 10.0  # 100 steps per 10 s in each interval
+    text = race.table([a, b])
+    assert "| >= +0 | 30 s (0.00M) | not reached in 45 s (0.00M) |" in text
+    assert race.main(["--ours", str(ours), "--peer", str(peer), "--out", str(tmp_path / "race")]) == 0
+    assert (tmp_path / "race.png").stat().st_size > 0 and (tmp_path / "race.md").read_text() == text + "\n"

@@ -1,0 +1,137 @@
+"""Time to a mean game score: ``env=pong`` (a run's progress.csv) against the CleanRL-style peer (its updates.csv).
+
+Both logs carry the mean unclipped score of the last 100 finished games (ours: ``episode_return_mean``, the
+trainer's ``logging.return_window=100``; the peer: ``score_mean100``), training wall-clock seconds and env steps. This
+script reads them, finds the first time each mean reaches each threshold, and writes a Markdown table and one PNG with
+both curves over wall-clock time and over env steps:
+
+    .venv/bin/python benchmarks/pong_race.py --ours benchmarks/results/train_pong_default/progress.csv \\
+        --peer benchmarks/results/race_pong_cleanrl/updates.csv --out benchmarks/results/race_pong_cleanrl/race
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from dataclasses import dataclass
+
+THRESHOLDS = (-15.0, -10.0, -5.0, 0.0, 5.0, 10.0, 18.0)
+
+
+@dataclass
+class Curve:
+    name: str
+    wall_s: list[float]
+    env_steps: list[float]
+    score: list[float]  # mean of the last 100 games; NaN before the first game ends
+
+    def first_reach(self, threshold: float) -> tuple[float, float] | None:
+        """(wall_s, env_steps) of the first row whose mean score is >= threshold; None if never."""
+        for w, s, v in zip(self.wall_s, self.env_steps, self.score, strict=True):
+            if not math.isnan(v) and v >= threshold:
+                return w, s
+        return None
+
+    def at_time(self, wall_s: float) -> float:
+        """The mean score of the last row at or before ``wall_s`` (NaN if none)."""
+        best = float("nan")
+        for w, v in zip(self.wall_s, self.score, strict=True):
+            if w > wall_s:
+                break
+            best = v
+        return best
+
+    def median_fps(self) -> float:
+        rates = sorted(
+            (s1 - s0) / (w1 - w0)
+            for w0, w1, s0, s1 in zip(self.wall_s, self.wall_s[1:], self.env_steps, self.env_steps[1:], strict=False)
+            if w1 > w0
+        )
+        return rates[len(rates) // 2] if rates else float("nan")
+
+
+def _float(x: str) -> float:
+    return float(x) if x not in ("", "nan") else float("nan")
+
+
+def read_ours(path: str) -> Curve:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return Curve(
+        "sample_fast env=pong",
+        [float(r["wall_s"]) for r in rows],
+        [float(r["env_steps"]) for r in rows],
+        [_float(r["episode_return_mean"]) for r in rows],
+    )
+
+
+def read_peer(path: str) -> Curve:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return Curve(
+        "CleanRL-style PPO",
+        [float(r["wall_s"]) for r in rows],
+        [float(r["global_step"]) for r in rows],
+        [_float(r["score_mean100"]) for r in rows],
+    )
+
+
+def table(curves: list[Curve]) -> str:
+    def cell(hit: tuple[float, float] | None, curve: Curve) -> str:
+        if hit is None:
+            return f"not reached in {curve.wall_s[-1]:,.0f} s ({curve.env_steps[-1] / 1e6:.2f}M)"
+        return f"{hit[0]:,.0f} s ({hit[1] / 1e6:.2f}M)"
+
+    lines = ["| mean score of the last 100 games | " + " | ".join(c.name for c in curves) + " |"]
+    lines.append("| --- |" + " --- |" * len(curves))
+    for th in THRESHOLDS:
+        lines.append(f"| >= {th:+g} | " + " | ".join(cell(c.first_reach(th), c) for c in curves) + " |")
+    end = min(c.wall_s[-1] for c in curves)
+    marks = [m for m in (1800, 3600, 5400, 7200) if m <= end] + [end]
+    for m in marks:
+        lines.append(f"| at {m:,.0f} s | " + " | ".join(f"{c.at_time(m):+.2f}" for c in curves) + " |")
+    lines.append("| median env steps/s | " + " | ".join(f"{c.median_fps():,.0f}" for c in curves) + " |")
+    return "\n".join(lines)
+
+
+def plot(curves: list[Curve], png_path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for c in curves:
+        a.plot([w / 60 for w in c.wall_s], c.score, label=c.name)
+        b.plot([s / 1e6 for s in c.env_steps], c.score, label=c.name)
+    a.set_xlabel("training wall-clock (minutes)")
+    b.set_xlabel("env steps (millions)")
+    for ax in (a, b):
+        ax.set_ylabel("mean score, last 100 games")
+        ax.axhline(0, color="gray", lw=0.5)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("Pong-v5 on a 2-core CPU")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ours", required=True, help="progress.csv of an env=pong run")
+    p.add_argument("--peer", required=True, help="updates.csv of benchmarks/cleanrl_ppo_atari.py")
+    p.add_argument("--out", required=True, help="output prefix: <out>.md and <out>.png")
+    args = p.parse_args(argv)
+    curves = [read_ours(args.ours), read_peer(args.peer)]
+    text = table(curves)
+    with open(args.out + ".md", "w") as f:
+        f.write(text + "\n")
+    plot(curves, args.out + ".png")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
