@@ -42,6 +42,15 @@ class Curve:
             best = v
         return best
 
+    def at_steps(self, env_steps: float) -> float:
+        """The mean score of the last row at or before ``env_steps`` (NaN if none)."""
+        best = float("nan")
+        for s, v in zip(self.env_steps, self.score, strict=True):
+            if s > env_steps:
+                break
+            best = v
+        return best
+
     def median_fps(self) -> float:
         rates = sorted(
             (s1 - s0) / (w1 - w0)
@@ -91,6 +100,9 @@ def table(curves: list[Curve]) -> str:
     marks = [m for m in (1800, 3600, 5400, 7200) if m <= end] + [end]
     for m in marks:
         lines.append(f"| at {m:,.0f} s | " + " | ".join(f"{c.at_time(m):+.2f}" for c in curves) + " |")
+    last = min(c.env_steps[-1] for c in curves)
+    for m in [m for m in (0.5e6, 1e6, 1.5e6, 2e6, 3e6, 4e6) if m <= last] + [last]:
+        lines.append(f"| at {m / 1e6:.2f}M env steps | " + " | ".join(f"{c.at_steps(m):+.2f}" for c in curves) + " |")
     lines.append("| median env steps/s | " + " | ".join(f"{c.median_fps():,.0f}" for c in curves) + " |")
     return "\n".join(lines)
 

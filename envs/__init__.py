@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import atari, registration
+from . import atari, registration, sim_options
 from .base import BatchedEnv, EnvError, OptionError, Spec, StepResult, UnknownOptionError
 from .tasks import TASKS
 
@@ -217,6 +217,12 @@ def backend_options(name: str, backend: str) -> frozenset[str]:
 
 #: backend -> the attribute of its module holding its own options (besides the task options)
 _OWN_OPTIONS = {"mujoco": "BACKEND_OPTIONS", "mjx": "MJX_OPTIONS", "warp": "WARP_OPTIONS", "envpool": "BACKEND_OPTIONS"}
+#: The options of the backends whose packages are slow to import, without importing them: envs/sim_options.py.
+_LIGHT_OPTIONS = {
+    "mjx": sim_options.MJX_OPTIONS,
+    "warp": sim_options.WARP_OPTIONS,
+    "envpool": sim_options.ENVPOOL_OPTIONS,
+}
 
 
 def _backends_for(name: str) -> dict[str, tuple[str, str, str]]:
@@ -243,10 +249,13 @@ def _with_owners(error: UnknownOptionError, backend: str) -> UnknownOptionError:
     for other, attr in _OWN_OPTIONS.items():
         if other == backend:
             continue
-        try:
-            own = getattr(importlib.import_module(f"{__name__}.{BACKENDS[other][0]}"), attr)
-        except ImportError:
-            continue
+        if other in _LIGHT_OPTIONS:  # plain data: no JAX / Warp import on an error path
+            own = _LIGHT_OPTIONS[other]
+        else:
+            try:
+                own = getattr(importlib.import_module(f"{__name__}.{BACKENDS[other][0]}"), attr)
+            except ImportError:
+                continue
         for key in error.unknown:
             if key in own:
                 owners.setdefault(key, []).append(other)

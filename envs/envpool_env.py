@@ -18,13 +18,11 @@ import numpy as np
 import torch
 
 from .base import BatchedEnv, EnvError, EpisodeTracker, OptionError, Spec, StepResult
+from .sim_options import ENVPOOL_OPTIONS
 from .tasks import COMMON_OPTIONS, TASKS, TaskDef, resolve_options
 
-#: Backend settings accepted besides the task options.
-BACKEND_OPTIONS: dict[str, Any] = {
-    "num_threads": None,  # None: min(num_envs, os.cpu_count())
-    "thread_affinity_offset": -1,  # >= 0 pins EnvPool's threads to cores offset, offset + 1, ...
-}
+#: Backend settings accepted besides the task options (envs/sim_options.py: plain data, importable without envpool).
+BACKEND_OPTIONS = ENVPOOL_OPTIONS
 
 #: Task options whose envpool kwarg has the same name.
 _SAME_NAME = (

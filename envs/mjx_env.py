@@ -24,15 +24,7 @@ from mujoco import mjx
 
 from . import physics, tasks
 from .base import BatchedEnv, EnvError, OptionError, Spec, StepResult
-
-#: Backend options (accepted by ``make(..., backend="mjx", **options)``) with their defaults.
-MJX_OPTIONS: dict[str, Any] = {
-    "precision": "float32",  # "float64" needs jax_enable_x64 set before the env is made
-    "solver": None,  # None: the model's own, except PGS -> "newton" (MJX has no PGS); or "cg" / "newton"
-    "compilation_cache_dir": None,  # a directory: turn on JAX's persistent compilation cache (process-wide)
-    "xla_opt_level": None,  # None: XLA's default; 0 compiles ~30% faster on CPU (tests use it)
-    "model_params": None,  # {MjModel field: [num_envs, ...]}: per-env model fields, vmapped (domain randomization)
-}
+from .sim_options import MJX_OPTIONS
 
 MJX_DEVIATIONS = """\
 * Physics runs in float32 (MuJoCo C and gymnasium use float64); trajectories drift apart after tens of steps.

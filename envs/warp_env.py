@@ -42,15 +42,7 @@ except ImportError as e:  # sample_fast.envs turns this into an EnvError with th
 from mujoco_warp._src.io import _default_nconmax, _default_njmax  # noqa: E402  (MJWarp's own size guesses)
 from mujoco_warp._src.types import OverflowType  # noqa: E402
 
-#: Backend options (accepted by ``make(..., backend="warp", **options)``) with their defaults.
-WARP_OPTIONS: dict[str, Any] = {
-    "nconmax": None,  # contacts per world (MJWarp allocates nconmax * num_envs for all worlds); None: sized per task
-    "njmax": None,  # constraint rows per world (a hard per-world limit); None: sized per task
-    "solver": None,  # None: the model's own, except PGS -> "newton" (MJWarp has no PGS); or "cg" / "newton"
-    "kernel_cache_dir": None,  # Warp's kernel cache (process-wide); None: $WARP_CACHE_PATH or ~/.cache/warp
-    "cuda_graph": True,  # on CUDA: capture the env step as one CUDA graph (False: launch eagerly, for debugging)
-    "model_params": None,  # {MjModel field: [num_envs, ...]}: per-world model fields (domain randomization)
-}
+from .sim_options import WARP_OPTIONS  # noqa: E402
 
 WARP_DEVIATIONS = """\
 * Physics runs in float32 (MuJoCo C and gymnasium use float64); trajectories drift apart after tens of steps.

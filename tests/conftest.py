@@ -128,6 +128,8 @@ _RUNNER: list[IsolatedRunner] = []
 
 
 def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
     jobs = []
     for item in session.items:
         marker = item.get_closest_marker("isolated")

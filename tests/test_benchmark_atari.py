@@ -131,6 +131,7 @@ def test_pong_race_times_to_a_mean_score(tmp_path, load_bench):
     assert a.first_reach(-15.0) == (20.0, 200.0) and a.first_reach(0.0) == (30.0, 300.0)
     assert a.first_reach(1.0) is None and b.first_reach(-15.0) == (45.0, 400.0)
     assert math.isnan(a.at_time(15)) and a.at_time(35) == 0.5 and b.at_time(40) == -16.0
+    assert a.at_steps(250) == -12.0 and b.at_steps(399) == -16.0 and math.isnan(b.at_steps(99))
     assert a.median_fps() == 10.0 and b.median_fps() == 10.0  # 100 steps per 10 s in each interval
     text = race.table([a, b])
     assert "| >= +0 | 30 s (0.00M) | not reached in 45 s (0.00M) |" in text

@@ -114,6 +114,28 @@ def test_unknown_option_is_rejected(case_id):
         _make_case(case_id, no_such_option=1)
 
 
+OWNERS_CHILD = """
+import sys
+from sample_fast.envs import check_options
+from sample_fast.envs.base import UnknownOptionError
+try:
+    check_options("ant", "mujoco", {"xla_opt_level": 0, "nconmax": 4})
+except UnknownOptionError as e:
+    print(sorted(e.owners.items()), *(m in sys.modules for m in ("jax", "warp", "mujoco_warp", "envpool")))
+"""
+
+
+def test_an_option_of_another_backend_is_named_without_importing_jax_or_warp():
+    """The config check's error path names the owning backend from envs/sim_options.py (plain data), so a typo'd
+    backend gets its message in a fraction of a second instead of after JAX's, Warp's and EnvPool's imports (EnvPool
+    imports JAX). A fresh interpreter: this one has imported them already."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", OWNERS_CHILD], capture_output=True, text=True, timeout=120)
+    owners, *imported = out.stdout.split("\n")[0].rsplit(" ", 4)
+    assert owners == "[('nconmax', ['warp']), ('xla_opt_level', ['mjx'])]" and imported == ["False"] * 4, out
+
+
 # ----- the step contract, on every backend --------------------------------------------------------------------
 @pytest.mark.timeout(600)
 def test_step_contract(env):
