@@ -35,21 +35,11 @@ class Curve:
 
     def at_time(self, wall_s: float) -> float:
         """The mean score of the last row at or before ``wall_s`` (NaN if none)."""
-        best = float("nan")
-        for w, v in zip(self.wall_s, self.score, strict=True):
-            if w > wall_s:
-                break
-            best = v
-        return best
+        return _last_at_or_before(self.wall_s, self.score, wall_s)
 
     def at_steps(self, env_steps: float) -> float:
         """The mean score of the last row at or before ``env_steps`` (NaN if none)."""
-        best = float("nan")
-        for s, v in zip(self.env_steps, self.score, strict=True):
-            if s > env_steps:
-                break
-            best = v
-        return best
+        return _last_at_or_before(self.env_steps, self.score, env_steps)
 
     def median_fps(self) -> float:
         rates = sorted(
@@ -58,6 +48,16 @@ class Curve:
             if w1 > w0
         )
         return rates[len(rates) // 2] if rates else float("nan")
+
+
+def _last_at_or_before(xs: list[float], values: list[float], x: float) -> float:
+    """``values`` at the last of the ascending ``xs`` that is <= ``x``; NaN if the first is already past it."""
+    best = float("nan")
+    for xi, v in zip(xs, values, strict=True):
+        if xi > x:
+            break
+        best = v
+    return best
 
 
 def _float(x: str) -> float:

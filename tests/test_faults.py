@@ -43,6 +43,15 @@ def _cfg(*overrides: str):
         return compose("train", overrides=["env=toy", *overrides])
 
 
+def _alive_after_grace(pids, grace_s: float = 10.0) -> list[int]:
+    """The ``pids`` still alive after up to ``grace_s``: every process got its signal, but may finish exiting after
+    the main process, and the resource tracker (which ignores SIGTERM) exits once its pipe's last writer has gone."""
+    deadline = time.monotonic() + grace_s
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if pid_alive(p)]
+
+
 def _leaked_shm(before: set[str]) -> set[str]:
     """Entries created since ``before`` that no live process maps (concurrent unrelated runs map theirs)."""
     return leaked_shm(before, SHM_PREFIXES, wait_s=3.0)
@@ -118,10 +127,7 @@ def test_signal_to_the_process_group_saves_and_leaves_nothing(tmp_path, sig, sta
     rows = read_csv(str(rdir / "progress.csv"))
     state, _ = CheckpointManager(rdir).load_resume()
     assert state["env_steps"] == rows[-1]["env_steps"] > 0  # the final checkpoint is at the last step
-    deadline = time.monotonic() + 10
-    while any(pid_alive(p) for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in procs if pid_alive(p)], "orphan processes left behind"
+    assert not _alive_after_grace(procs), "orphan processes left behind"
     assert _leaked_shm(before) == set()
 
 
@@ -224,14 +230,9 @@ def test_killed_sampler_is_replaced_in_a_real_run(tmp_path):
     assert rows[-1]["sampler_restarts"] == 1 and rows[0]["sampler_restarts"] == 0
     state, _ = CheckpointManager(rdir).load_resume()
     assert state["env_steps"] == rows[-1]["env_steps"] and state["logger"]["sampler_restarts"] == 1
-    # As in the signal test, a grace period: every process got the SIGTERM itself but may finish exiting after the
-    # main process, and the resource tracker (which ignores SIGTERM) exits once its pipe's last writer has gone. The
-    # newcomer check once caught one of them (pid unidentified) still alive right after wait().
+    # The newcomer check once caught one of them (pid unidentified) still alive right after wait(): a grace period.
     procs = (old, *new, *tracker)
-    deadline = time.monotonic() + 10
-    while any(pid_alive(p) for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [p for p in procs if pid_alive(p)], "orphan processes"
+    assert not _alive_after_grace(procs), "orphan processes"
     assert _leaked_shm(before) == set()
 
 
