@@ -26,6 +26,11 @@ Variants (the suite's settings, docs/benchmark.md):
   envs that thread has not claimed when it reaches ``recv`` (3 threads on 2 cores instead of 5);
 * ``worker_nice=5`` / ``19``: the mujoco backend's stepping threads run at a higher nice value than the sampler's
   main thread (``worker_nice``), so the main thread's serial work (recv, the policy, send) preempts the physics.
+* ``train_window=1call``: not a lever but the train stage's timing before 2026-12-02 (a window closes at the first
+  train call ``seconds_per_repeat`` after it opened, the suite's ``warmup_s``), against the default's windows of at
+  least ``train.window_calls`` = 10 calls after ``train.warmup_s`` = 3 s;
+* ``tanh=torch``: the policy's tanh through torch's CPU kernel (``SAMPLE_FAST_TANH=torch``) instead of numpy's
+  ufunc, the default (``sample_fast.activations``).
 
 Take /tmp/race.lock while it runs (docs/benchmark.md).
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -66,14 +72,21 @@ VARIANTS: dict[str, list[str]] = {
     ],
     "worker_nice=5": ["stages=[inference,train]", "++backend_options.mujoco.worker_nice=5"],
     "worker_nice=19": ["stages=[inference,train]", "++backend_options.mujoco.worker_nice=19"],
+    "tanh=torch": ["stages=[inference,train]"],
+    "train_window=1call": ["stages=[train]", "train.window_calls=1", "train.warmup_s=null"],
 }
+#: Variants that differ in the environment of the suite's process (inherited by its spawned samplers), not in config.
+VARIANT_ENV: dict[str, dict[str, str]] = {"tanh=torch": {"SAMPLE_FAST_TANH": "torch"}}
 
 
 def run_variant(name: str, tmp: Path, round_idx: int, timeout_s: float) -> dict[str, float]:
     out_name = f"{name.replace('=', '_')}_r{round_idx}"
     cmd = [sys.executable, "-m", "sample_fast.benchmark", *BASE, *VARIANTS[name], f"out_dir={tmp}",
            f"out_name={out_name}"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    # every variant's own variables set, every other variant's unset (the caller's shell may have exported one)
+    env = {k: v for k, v in os.environ.items() if not any(k in e for e in VARIANT_ENV.values())}
+    env.update(VARIANT_ENV.get(name, {}))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
     data = json.loads((tmp / f"{out_name}.json").read_text())

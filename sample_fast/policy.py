@@ -17,14 +17,15 @@ from torch import Tensor, nn
 
 from sample_fast.envs import Spec
 
+from . import activations
 from .encoders import ENCODERS, EncoderError, build_cnn_trunk, resolve_encoder
 from .recurrent import MEMORY_KINDS, RNN_KINDS, RecurrentCore, SequenceInputs
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+_ACTIVATIONS = {"tanh": activations.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 #: In-place forms of the activations, for the no-grad inference path.
 _INPLACE = {
-    "tanh": torch.tanh_,
+    "tanh": activations.tanh_,
     "relu": torch.relu_,
     "elu": nn.functional.elu_,
     "silu": lambda x: nn.functional.silu(x, inplace=True),
@@ -325,7 +326,7 @@ class ActorCritic(nn.Module):
     def action_mean(self, out: Tensor) -> Tensor:
         """Gaussian mean ``[N, act_dim]`` from the actor's output (tanh-squashed into the bounds if ``squash``)."""
         if self.squash:
-            return torch.addcmul(self.action_center, self.action_half_range, torch.tanh(out))
+            return torch.addcmul(self.action_center, self.action_half_range, activations.tanh(out))
         return out
 
     def _gaussian_logp(self, mean: Tensor, log_std: Tensor, actions: Tensor) -> Tensor:
