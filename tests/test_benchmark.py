@@ -25,6 +25,7 @@ from sample_fast.benchmark import (
     sample_factory_peer,
 )
 from sample_fast.benchmark.__main__ import to_config
+from sample_fast.benchmark.config import TrainStageConfig
 from sample_fast.benchmark.measure import MeasureTimeout, Timing, WindowRecorder, summarize
 from sample_fast.benchmark.stages import Case
 from sample_fast.benchmark.suite import plan, run_suite
@@ -64,6 +65,19 @@ def test_window_recorder_hand_computed():
     assert rec.rates == pytest.approx([300.0, 400.0])
     rec.add(9.0, 99999)  # ignored once done
     assert rec.rates == pytest.approx([300.0, 400.0])
+
+
+def test_window_recorder_min_points_widens_windows_hand_computed():
+    # No warm-up: the window opens at (0, 0). With 1 s windows alone it would close at (1.0, 100); min_points=3
+    # keeps it open until the third point after opening, (3.0, 450) -> 450/3 = 150/s. The next opens there and
+    # closes at (6.0, 1350): 3 points and 3 s -> 900/3 = 300/s.
+    rec = WindowRecorder(Timing(warmup_s=0.0, repeats=2, seconds_per_repeat=1.0), min_points=3)
+    for t, steps in [(0.0, 0), (1.0, 100), (2.0, 250), (3.0, 450), (4.0, 750), (5.0, 1050), (6.0, 1350)]:
+        assert not rec.done
+        rec.add(t, steps)
+    assert rec.rates == pytest.approx([150.0, 300.0])
+    with pytest.raises(ValueError, match="min_points must be >= 1"):
+        WindowRecorder(Timing(), min_points=0)
 
 
 def test_timed_windows_counts_steps_and_charges_sync():
@@ -210,6 +224,20 @@ def test_unknown_choice_lists_options(field, value, listed):
     with pytest.raises(BenchmarkConfigError, match="choose from") as info:
         resolve(BenchmarkConfig(**{field: value}))
     assert listed in str(info.value) and repr(value[-1]) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "train, message",
+    [
+        ({"window_calls": 0}, "train.window_calls must be an int >= 1, got 0"),
+        ({"window_calls": 2.5}, "train.window_calls must be an int >= 1, got 2.5"),
+        ({"warmup_s": -1.0}, "train.warmup_s must be >= 0 or null, got -1.0"),
+    ],
+)
+def test_bad_train_stage_timing_is_named(train, message):
+    with pytest.raises(BenchmarkConfigError) as info:
+        resolve(BenchmarkConfig(train=TrainStageConfig(**train)))
+    assert str(info.value) == message
 
 
 @pytest.mark.timeout(120)

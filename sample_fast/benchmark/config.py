@@ -49,6 +49,13 @@ class TrainStageConfig:
     #: LearnerConfig overrides; the default is what ``configs/algo/appo.yaml`` changes from the dataclass defaults
     #: that costs CPU (4 epochs per batch), so the stage measures the trainer's default work per sample.
     learner: dict[str, Any] = field(default_factory=lambda: {"num_epochs": 4})
+    #: A window spans at least this many train calls as well as ``seconds_per_repeat`` (each call trains one slot:
+    #: 4096 env steps at the defaults, ~0.4 s on 2 cores). Windows of 3-4 calls (1.5 s) spread 2.6-2.9k env
+    #: steps/s on Ant, windows of 10 calls 0.4-1.0k (``benchmarks/results/train_windows_cpu/``): the async
+    #: learner's calls are uneven.
+    window_calls: int = 10
+    #: Untimed seconds after the first train call, for this stage (None: the suite's ``warmup_s``).
+    warmup_s: float | None = 3.0
 
 
 @dataclass
@@ -174,6 +181,10 @@ def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
         raise BenchmarkConfigError(f"isolate={cfg.isolate!r}; choose from: {', '.join(ISOLATE_CHOICES)}")
     if cfg.device not in ("auto", "cpu", "cuda") and not str(cfg.device).startswith("cuda:"):
         raise BenchmarkConfigError(f"device={cfg.device!r}; choose from: auto, cpu, cuda, cuda:<index>")
+    if not isinstance(cfg.train.window_calls, int) or cfg.train.window_calls < 1:
+        raise BenchmarkConfigError(f"train.window_calls must be an int >= 1, got {cfg.train.window_calls!r}")
+    if cfg.train.warmup_s is not None and cfg.train.warmup_s < 0:
+        raise BenchmarkConfigError(f"train.warmup_s must be >= 0 or null, got {cfg.train.warmup_s}")
     if cfg.train.mode not in ("async", "serial"):
         raise BenchmarkConfigError(f"train.mode={cfg.train.mode!r}; choose from: async, serial")
     bad_n = [n for n in cfg.num_envs if not isinstance(n, int) or isinstance(n, bool) or n < 1]

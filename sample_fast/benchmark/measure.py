@@ -116,14 +116,19 @@ def timed_windows(
 class WindowRecorder:
     """Turns a stream of ``(time, cumulative env steps)`` points into per-window rates (for loops we do not drive,
     e.g. the Runner's ``on_train`` hook). Windows open after ``warmup_s`` from the first point and each closes at
-    the first point at least ``seconds_per_repeat`` after it opened; a window's rate is exact between its two
-    points, whatever the granularity of the stream."""
+    the first point at least ``seconds_per_repeat`` and at least ``min_points`` points after it opened; a window's
+    rate is exact between its two points, whatever the granularity of the stream. ``min_points`` bounds the
+    quantisation: a window of k points is k intervals of a jittery stream (an async learner's train calls)."""
 
-    def __init__(self, timing: Timing):
+    def __init__(self, timing: Timing, min_points: int = 1):
+        if min_points < 1:
+            raise ValueError(f"min_points must be >= 1, got {min_points}")
         self.timing = timing
+        self.min_points = min_points
         self.rates: list[float] = []
         self._first_s: float | None = None
         self._open: tuple[float, int] | None = None
+        self._points = 0  # points since the open window opened
 
     @property
     def done(self) -> bool:
@@ -136,12 +141,13 @@ class WindowRecorder:
             self._first_s = t_s
         if self._open is None:
             if t_s - self._first_s >= self.timing.warmup_s:
-                self._open = (t_s, env_steps)
+                self._open, self._points = (t_s, env_steps), 0
             return
         t_open, steps_open = self._open
-        if t_s - t_open >= self.timing.seconds_per_repeat:
+        self._points += 1
+        if t_s - t_open >= self.timing.seconds_per_repeat and self._points >= self.min_points:
             self.rates.append((env_steps - steps_open) / (t_s - t_open))
-            self._open = (t_s, env_steps)
+            self._open, self._points = (t_s, env_steps), 0
 
 
 def format_rate(x: float | None) -> str:

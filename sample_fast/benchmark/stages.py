@@ -12,6 +12,7 @@ process). A case whose backend package is missing raises ``Skip`` with the reaso
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
@@ -261,8 +262,8 @@ def build_learner(policy: torch.nn.Module, device: str, overrides: dict[str, Any
 class _RateHooks:
     """RunnerHooks that time windows of ``on_train`` points and stop the run when enough are collected."""
 
-    def __init__(self, timing: Timing, device: torch.device | None = None):
-        self.recorder = WindowRecorder(timing)
+    def __init__(self, timing: Timing, device: torch.device | None = None, min_points: int = 1):
+        self.recorder = WindowRecorder(timing, min_points)
         self.runner: Any = None
         self.num_trains = 0
         self.device = device  # a CUDA device: the most GPU memory in use at any on_train (env, policy, learner)
@@ -313,7 +314,9 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         startup_timeout_s=max(300.0, cfg.measure_timeout_s),
     )
     timing = _timing(cfg)
-    hooks = _RateHooks(timing, torch.device(device))
+    if tcfg.warmup_s is not None:
+        timing = dataclasses.replace(timing, warmup_s=tcfg.warmup_s)
+    hooks = _RateHooks(timing, torch.device(device), min_points=tcfg.window_calls)
     policy_fn = functools.partial(build_policy, obs_spec, act_spec, list(cfg.policy_hidden_sizes), str(device))
     learner_fn = functools.partial(build_learner, device=str(device), overrides=dict(tcfg.learner))
     old_threads = torch.get_num_threads()
