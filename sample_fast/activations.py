@@ -1,10 +1,10 @@
 """tanh for the policy's MLPs on the CPU, through numpy's ufunc.
 
-PERF (issue #14, ``benchmarks/results/tanh_cpu.md``): torch 2.13's CPU ``tanh`` kernel takes ~2.3 ns per float32
-element on the development VM (148 us for the learner's [1024, 64] minibatch activation, 10x torch's own
-``sigmoid``), while numpy's vectorised ``np.tanh`` takes ~0.2 ns (13.5 us) at about 1 ulp (max relative error
-1.1e-7 against float64, torch's 0.6e-7). The default MuJoCo policy (64x64 tanh) calls it 6 times per minibatch
-and 4 times per acting step, so it was a fifth of the learner's time.
+PERF (issue #14, ``benchmarks/results/tanh_cpu.md``): torch 2.13's CPU ``tanh`` kernel takes ~2.2 ns per float32
+element on the development VM (147 us for the learner's [1024, 64] minibatch activation), while numpy's vectorised
+``np.tanh`` takes ~0.2 ns (13.7 us) at about 1 ulp (max relative error 1.1e-7 against float64, torch's 0.6e-7).
+The default MuJoCo policy (64x64 tanh, a tanh-squashed Gaussian mean) calls it 5 times per minibatch forward and 3
+times per acting call, so it was a fifth of the learner's time.
 
 ``tanh`` / ``Tanh``: differentiable; forward through numpy, backward torch's own ``tanh_backward`` (the same
 gradient formula, ``grad * (1 - y^2)``, as ``torch.tanh``). ``tanh_``: in place, for the no-grad acting path.
@@ -37,6 +37,7 @@ def _numpy_ok(x: Tensor) -> bool:
         and x.device.type == "cpu"
         and x.dtype in _NUMPY_DTYPES
         and x.layout == torch.strided
+        and not x.is_neg()  # a lazy negation view: Tensor.numpy() refuses it
         and not torch.compiler.is_compiling()
     )
 

@@ -49,6 +49,8 @@ def test_tanh_of_a_strided_view_and_in_place_on_inference_tensors():
 def test_what_numpy_cannot_take_goes_to_torch():
     xb = _x((8, 8), torch.bfloat16)
     assert torch.equal(activations.tanh(xb), torch.tanh(xb))  # bf16 (CPU autocast): torch's own kernel
+    neg = torch._neg_view(_x((8, 8)))  # a lazy negation, which Tensor.numpy() refuses
+    assert neg.is_neg() and torch.equal(activations.tanh(neg), torch.tanh(neg))
     leaf = _x((8, 8)).requires_grad_()
     with pytest.raises(RuntimeError):  # in place on a tensor autograd tracks: torch's own error, not numpy's
         activations.tanh_(leaf)
