@@ -6,8 +6,7 @@ fresh interpreter with a hard timeout (MJX on the CPU has been seen to hang insi
 reaches). These jobs are compile-bound and single-process, and most of the suite keeps only one of the two cores
 busy, so the jobs of every selected ``isolated`` test start when collection ends, one at a time at nice 10 on the
 spare core, in collection order; the test itself (fixture ``isolated``) waits for its job's result. A job still
-running when the session ends (Ctrl-C, a failure with -x) is killed. Ahead of them, ``WARMUPS`` fill a compile
-cache the foreground will need (MuJoCo Warp's kernels), on the same terms.
+running when the session ends (Ctrl-C, a failure with -x) is killed.
 """
 
 from __future__ import annotations
@@ -126,22 +125,12 @@ class IsolatedRunner:
 
 _JOBS: dict[str, IsolatedJob] = {}
 _RUNNER: list[IsolatedRunner] = []
-#: Cache warm-ups queued ahead of the isolated jobs when a selected, unskipped test's node id contains the key:
-#: ``func()`` of ``tests/<file>`` under the same runner (nice 10, hard timeout, killed at session end). Nobody waits
-#: for their outcome: a failed warm-up only means that the first test to build the model compiles it in the
-#: foreground, as without one. Warp's kernel cache takes concurrent writers (a module another process finished
-#: first is kept).
-WARMUPS = {"warp": ("test_env_warp.py", "warm_kernel_cache", 300.0)}
 
 
 def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
     jobs = []
-    selected = [item for item in session.items if item.get_closest_marker("skip") is None]
-    for key, (file, func, timeout_s) in WARMUPS.items():
-        if any(key in item.nodeid for item in selected):
-            jobs.append(IsolatedJob(str(Path(__file__).parent / file), func, timeout_s))
     for item in session.items:
         marker = item.get_closest_marker("isolated")
         if marker is None or item.get_closest_marker("skip") is not None:

@@ -35,16 +35,6 @@ def random_actions(num_steps: int, num_envs: int, nu: int, seed: int) -> torch.T
     return torch.rand(num_steps, num_envs, nu, generator=gen) * 2 - 1
 
 
-def warm_kernel_cache() -> None:
-    """Build and step Hopper on the warp backend, so that its kernels are in CACHE_DIR when the first warp test
-    (test_env_api's step contract) builds it. Run by conftest in the background when the session selects a warp
-    test: the first compile takes ~25 s on 2 cores, most of it kernels every model shares (a later model, Ant or
-    Humanoid, adds 5-8 s of its own, which is left to its test: the background core is the MJX jobs' next)."""
-    with make_warp("hopper", 2) as env:
-        env.reset(seed=0)
-        env.step(torch.zeros(2, *env.action_spec.shape))
-
-
 @pytest.fixture(scope="module")
 def hopper():
     env = make_warp("hopper", max_episode_steps=MAX_STEPS, seed=1)
