@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_distributed import make_batch, make_learner  # noqa: E402
+from bench_distributed import make_batch, make_learner, median_train_ms  # noqa: E402
 
 from sample_fast.benchmark import harness  # noqa: E402
 
@@ -86,14 +86,8 @@ def update_cases(updates: int) -> tuple[dict, dict[str, float]]:
 
     def timed(learner):
         def one_round(_: int) -> float:
-            times = []
-            for _ in range(updates):
-                b = batches[1 + state["i"] % (len(batches) - 1)]
-                state["i"] += 1
-                t0 = time.perf_counter()
-                learner.train(b)
-                times.append(time.perf_counter() - t0)
-            return harness.median(times) * 1e3
+            start, state["i"] = state["i"], state["i"] + updates
+            return median_train_ms(learner, batches, start, updates)
 
         return one_round
 

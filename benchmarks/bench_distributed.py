@@ -88,6 +88,18 @@ def make_batch(policy, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
+def median_train_ms(learner, batches: list, start: int, updates: int) -> float:
+    """Median wall ms of ``updates`` ``learner.train`` calls on ``batches[1:]`` in turn from position ``start``
+    (``batches[0]`` is the warm-up batch, trained before timing). bench_compile's and bench_tanh's update case."""
+    times = []
+    for i in range(updates):
+        b = batches[1 + (start + i) % (len(batches) - 1)]
+        t0 = time.perf_counter()
+        learner.train(b)
+        times.append(time.perf_counter() - t0)
+    return harness.median(times) * 1e3
+
+
 def _allreduce_worker(rank: int, port: int, calls: int, updates: int, out: str) -> None:
     import torch.distributed as dist
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_distributed import make_batch, make_learner  # noqa: E402
+from bench_distributed import make_batch, make_learner, median_train_ms  # noqa: E402
 
 from sample_fast import activations  # noqa: E402
 from sample_fast.benchmark import harness  # noqa: E402
@@ -51,11 +50,8 @@ def with_kernel(kernel: str, fn):
 
 
 def per_call_us(fn, calls: int) -> float:
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls * 1e6
+    fn()  # warm-up, untimed
+    return harness.time_calls(lambda _: fn(), calls).wall_s / calls * 1e6
 
 
 def kernel_cases(calls: int) -> tuple[dict, dict]:
@@ -98,13 +94,7 @@ def update_cases(updates: int) -> dict:
 
     def timed(learner):
         def one_round(r: int) -> float:
-            times = []
-            for i in range(updates):
-                b = batches[1 + (r * updates + i) % (len(batches) - 1)]
-                t0 = time.perf_counter()
-                learner.train(b)
-                times.append(time.perf_counter() - t0)
-            return harness.median(times) * 1e3
+            return median_train_ms(learner, batches, r * updates, updates)
 
         return one_round
 
