@@ -88,18 +88,25 @@ def test_torch_kernel_switch_gives_torch_tanh_bit_for_bit(monkeypatch):
 
 def test_learner_updates_with_either_kernel_leave_the_same_weights(monkeypatch, load_bench):
     """The default Ant policy (64x64 tanh) and the trainer's learner settings, 3 updates of T=64 x B=64 batches
-    (4 epochs x 4 minibatches each) per kernel from the same initial weights: the two kernels differ by about an
-    ulp per activation, which must stay at float32 round-off through 48 Adam steps (a wrong gradient or a stale
-    in-place buffer would move weights by ~lr = 1e-3 per step)."""
+    (4 epochs x 4 minibatches each, lr 3e-4) per kernel from the same initial weights. The two kernels differ by
+    about an ulp per activation. Through 48 Adam steps that stays at round-off for almost every weight (median),
+    while Adam's sign-like steps let a few weights drift further apart: 2.5e-5 at most on an Intel Xeon host, < 1e-6
+    on an AMD EPYC one, against 1.4e-2 that the weights move. A wrong gradient or a stale in-place buffer moves the
+    median weight by a share of its own movement (median 4.5e-3), far above both bounds."""
     bench = load_bench("bench_distributed")
-    weights, actions = {}, {}
+    weights, actions, moved = {}, {}, {}
     for kernel in ("numpy", "torch"):
         monkeypatch.setattr(activations, "KERNEL", kernel)
         learner = bench.make_learner([64, 64], "tanh", seed=0)
+        start = torch.cat([p.detach().flatten().clone() for p in learner.policy.parameters()])
         batches = [bench.make_batch(learner.policy, seed=i) for i in range(3)]
         for batch in batches:
             learner.train(batch)
         weights[kernel] = torch.cat([p.detach().flatten() for p in learner.policy.parameters()])
+        moved[kernel] = (weights[kernel] - start).abs()
         actions[kernel] = batches[0]["actions"]
-    assert (weights["numpy"] - weights["torch"]).abs().max() < 1e-6
+    diff = (weights["numpy"] - weights["torch"]).abs()
+    assert moved["torch"].median() > 1e-3  # the updates did move the weights (the bounds below mean something)
+    assert diff.median() < 1e-6, diff.median()  # round-off for the typical weight
+    assert diff.max() < 0.05 * moved["torch"].max(), (diff.max(), moved["torch"].max())  # a few drift, not far
     assert (actions["numpy"] - actions["torch"]).abs().max() < 1e-6  # the acting path, before any update
