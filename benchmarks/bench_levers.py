@@ -31,6 +31,10 @@ Variants (the suite's settings, docs/benchmark.md):
   least ``train.window_calls`` = 10 calls after ``train.warmup_s`` = 3 s;
 * ``tanh=torch``: the policy's tanh through torch's CPU kernel (``SAMPLE_FAST_TANH=torch``) instead of numpy's
   ufunc, the default (``sample_fast.activations``).
+* ``envs=256``, ``envs=256+minibatches=8``, ``envs=256+T=32``: the trainer's size doubled (256 envs, 2 groups of
+  128), with the learner's 4 minibatches (of 2048 samples), with 8 (of 1024, today's minibatch size and Adam steps
+  per env step), or with T=32 (today's 4096-step slot). They measure env-only too, so their shares are also given
+  against their own env-only.
 
 Take /tmp/race.lock while it runs (docs/benchmark.md).
 """
@@ -74,6 +78,9 @@ VARIANTS: dict[str, list[str]] = {
     "worker_nice=19": ["stages=[inference,train]", "++backend_options.mujoco.worker_nice=19"],
     "tanh=torch": ["stages=[inference,train]"],
     "train_window=1call": ["stages=[train]", "train.window_calls=1", "train.warmup_s=null"],
+    "envs=256": ["stages=[env,inference,train]", "num_envs=[256]"],
+    "envs=256+minibatches=8": ["stages=[env,inference,train]", "num_envs=[256]", "++train.learner.num_minibatches=8"],
+    "envs=256+T=32": ["stages=[env,inference,train]", "num_envs=[256]", "rollout_len=32", "train.rollout_len=32"],
 }
 #: Variants that differ in the environment of the suite's process (inherited by its spawned samplers), not in config.
 VARIANT_ENV: dict[str, dict[str, str]] = {"tanh=torch": {"SAMPLE_FAST_TANH": "torch"}}
@@ -127,7 +134,8 @@ def main() -> None:
     data = {"machine": harness.machine_record(quiet), "quiet": quiet, "rounds": args.rounds, "base_overrides": BASE,
             "variants": {v: VARIANTS[v] for v in args.variants}, "results": results, "rows": rows}  # fmt: skip
     md = [
-        "# Thread-placement and pipeline levers: Ant, mujoco backend, 128 envs (FPS suite per variant)",
+        "# Thread-placement and pipeline levers: Ant, mujoco backend, the trainer's 128 envs unless a variant sets "
+        "num_envs (FPS suite per variant)",
         "",
         harness.quiet_line(quiet),
         "",
