@@ -35,6 +35,8 @@ Variants (the suite's settings, docs/benchmark.md):
   128), with the learner's 4 minibatches (of 2048 samples), with 8 (of 1024, today's minibatch size and Adam steps
   per env step), or with T=32 (today's 4096-step slot). They measure env-only too, so their shares are also given
   against their own env-only.
+* ``epochs=3`` / ``epochs=2``: the learner's passes over each batch (``train.learner.num_epochs``) 3 or 2 instead of
+  the trainer's 4: a quarter or half less learner CPU per env step.
 
 Take /tmp/race.lock while it runs (docs/benchmark.md).
 """
@@ -80,6 +82,8 @@ VARIANTS: dict[str, list[str]] = {
     "train_window=1call": ["stages=[train]", "train.window_calls=1", "train.warmup_s=null"],
     "envs=256": ["stages=[env,inference,train]", "num_envs=[256]"],
     "envs=256+minibatches=8": ["stages=[env,inference,train]", "num_envs=[256]", "++train.learner.num_minibatches=8"],
+    "epochs=3": ["stages=[train]", "train.learner.num_epochs=3"],
+    "epochs=2": ["stages=[train]", "train.learner.num_epochs=2"],
     "envs=256+T=32": ["stages=[env,inference,train]", "num_envs=[256]", "rollout_len=32", "train.rollout_len=32"],
 }
 #: Variants that differ in the environment of the suite's process (inherited by its spawned samplers), not in config.
