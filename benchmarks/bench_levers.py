@@ -37,6 +37,8 @@ Variants (the suite's settings, docs/benchmark.md):
   against their own env-only.
 * ``epochs=3`` / ``epochs=2``: the learner's passes over each batch (``train.learner.num_epochs``) 3 or 2 instead of
   the trainer's 4: a quarter or half less learner CPU per env step.
+* ``refresh=slot``: the sampler loads the learner's newest weights at each slot's start (``train.weights_refresh``)
+  instead of before every policy forward, the trainer's default (``sampler.weights_refresh=step``).
 
 Take /tmp/race.lock while it runs (docs/benchmark.md).
 """
@@ -84,6 +86,7 @@ VARIANTS: dict[str, list[str]] = {
     "envs=256+minibatches=8": ["stages=[env,inference,train]", "num_envs=[256]", "++train.learner.num_minibatches=8"],
     "epochs=3": ["stages=[train]", "train.learner.num_epochs=3"],
     "epochs=2": ["stages=[train]", "train.learner.num_epochs=2"],
+    "refresh=slot": ["stages=[train]", "train.weights_refresh=slot"],
     "envs=256+T=32": ["stages=[env,inference,train]", "num_envs=[256]", "rollout_len=32", "train.rollout_len=32"],
 }
 #: Variants that differ in the environment of the suite's process (inherited by its spawned samplers), not in config.

@@ -232,6 +232,7 @@ def test_unknown_choice_lists_options(field, value, listed):
         ({"window_calls": 0}, "train.window_calls must be an int >= 1, got 0"),
         ({"window_calls": 2.5}, "train.window_calls must be an int >= 1, got 2.5"),
         ({"warmup_s": -1.0}, "train.warmup_s must be >= 0 or null, got -1.0"),
+        ({"weights_refresh": "always"}, "train.weights_refresh='always'; choose from: step, slot"),
     ],
 )
 def test_bad_train_stage_timing_is_named(train, message):

@@ -56,6 +56,9 @@ class TrainStageConfig:
     window_calls: int = 10
     #: Untimed seconds after the first train call, for this stage (None: the suite's ``warmup_s``).
     warmup_s: float | None = 3.0
+    #: when the sampler loads the learner's newest weights: step (before every policy forward, the trainer's
+    #: default) or slot (at each slot's start)
+    weights_refresh: str = "step"
 
 
 @dataclass
@@ -187,6 +190,8 @@ def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
         raise BenchmarkConfigError(f"train.warmup_s must be >= 0 or null, got {cfg.train.warmup_s}")
     if cfg.train.mode not in ("async", "serial"):
         raise BenchmarkConfigError(f"train.mode={cfg.train.mode!r}; choose from: async, serial")
+    if cfg.train.weights_refresh not in ("step", "slot"):
+        raise BenchmarkConfigError(f"train.weights_refresh={cfg.train.weights_refresh!r}; choose from: step, slot")
     bad_n = [n for n in cfg.num_envs if not isinstance(n, int) or isinstance(n, bool) or n < 1]
     if bad_n or not cfg.num_envs:
         raise BenchmarkConfigError(f"num_envs must be a non-empty list of positive ints, got {cfg.num_envs}")

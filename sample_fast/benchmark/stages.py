@@ -303,6 +303,7 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         num_slots=2 * num_splits,
         seed=cfg.seed,
         inference_threads=cfg.torch_threads,
+        weights_refresh=tcfg.weights_refresh,
         **_sampler_overrides(cfg),
     )
     rcfg = RunnerConfig(
