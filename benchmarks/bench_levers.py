@@ -84,10 +84,10 @@ VARIANTS: dict[str, list[str]] = {
     "train_window=1call": ["stages=[train]", "train.window_calls=1", "train.warmup_s=null"],
     "envs=256": ["stages=[env,inference,train]", "num_envs=[256]"],
     "envs=256+minibatches=8": ["stages=[env,inference,train]", "num_envs=[256]", "++train.learner.num_minibatches=8"],
+    "envs=256+T=32": ["stages=[env,inference,train]", "num_envs=[256]", "rollout_len=32", "train.rollout_len=32"],
     "epochs=3": ["stages=[train]", "train.learner.num_epochs=3"],
     "epochs=2": ["stages=[train]", "train.learner.num_epochs=2"],
     "refresh=slot": ["stages=[train]", "train.weights_refresh=slot"],
-    "envs=256+T=32": ["stages=[env,inference,train]", "num_envs=[256]", "rollout_len=32", "train.rollout_len=32"],
 }
 #: Variants that differ in the environment of the suite's process (inherited by its spawned samplers), not in config.
 VARIANT_ENV: dict[str, dict[str, str]] = {"tanh=torch": {"SAMPLE_FAST_TANH": "torch"}}
