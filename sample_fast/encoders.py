@@ -18,11 +18,11 @@ CNN_ENCODERS = ("nature_cnn", "impala_cnn")
 #: The smallest frame side the Nature CNN takes: 8x8/4, 4x4/2 and 3x3/1 convolutions without padding need
 #: ((36 - 8) / 4 + 1 - 4) / 2 + 1 = 3 >= 3 rows before the last one.
 NATURE_MIN_SIZE = 36
-#: PERF: channels_last (NHWC) frames and conv weights. Measured on the 2-core CPU, 1 torch thread, 4x84x84 uint8,
-#: Adam step on evaluate() of 256 samples, median of 3 interleaved rounds (ad-hoc run, load average ~2.5):
-#: nature_cnn 583 -> 442 us/sample (1.32x), impala_cnn 5,412 -> 3,345 us/sample (1.62x); act() on 32 frames:
-#: nature_cnn 188 -> 183 us/sample (same), impala_cnn 2,274 -> 987 us/sample (2.3x). On CUDA it is the layout
-#: cuDNN's bf16 tensor-core kernels prefer.
+#: PERF: channels_last (NHWC) frames and conv weights. ``benchmarks/results/cnn_cpu.md`` (2-core Intel host, 4x84x84
+#: uint8, 2 interleaved rounds, fresh interpreters): an Adam step on 256 samples is 1.31x faster for nature_cnn at the
+#: Atari learner's 2 torch threads (1.64x at 1) and 1.63x for impala_cnn (1.96x at 1); act() on 16 frames is the same
+#: for nature_cnn (0.93-1.01x) and 2.3-2.4x faster for impala_cnn. On CUDA it is the layout cuDNN's bf16 tensor-core
+#: kernels prefer.
 CHANNELS_LAST = True
 
 

@@ -1,0 +1,162 @@
+"""The CNN policies' cost on the CPU, and whether channels_last pays (issue #15: "measure before you keep it").
+
+    python benchmarks/bench_cnn.py     # -> benchmarks/results/cnn_cpu.{json,md}
+
+For ``nature_cnn`` (Mnih et al. 2015, [512] hidden) and ``impala_cnn`` (Espeholt et al. 2018, [256] hidden) on
+Pong's frames (uint8 ``[4, 84, 84]``, 6 actions), with the frames and conv weights in channels_last (the default,
+``encoders.CHANNELS_LAST``) and in the contiguous NCHW layout, at 1 and 2 torch threads (the Atari preset's learner
+uses 2 on a 2-core machine), each case in a fresh interpreter, interleaved for ``--rounds`` rounds:
+
+* ``train``: one Adam step of the PPO-shaped loss (``evaluate`` -> logp, entropy, value; backward) on a minibatch of
+  ``--batch`` samples (the Atari preset's 256);
+* ``act``: the sampler's no-grad ``act(with_value=False)`` on ``--act-batch`` frames (one env group of 16).
+
+Reports microseconds per sample (median over rounds) and samples/s, and the channels_last / NCHW speed-up paired per
+round. The peer here is the same network in the other layout. Take /tmp/race.lock while it runs (docs/benchmark.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sample_fast.benchmark import harness  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results"
+ENCODERS = {"nature_cnn": [512], "impala_cnn": [256]}
+
+
+def run_case(case: dict) -> dict:
+    import torch
+    from sample_fast.envs import Spec
+
+    from sample_fast import encoders
+    from sample_fast.policy import ActorCritic, PolicyConfig
+
+    torch.set_num_threads(case["threads"])
+    encoders.CHANNELS_LAST = case["channels_last"]  # read when the trunk is built and on every forward
+    torch.manual_seed(0)
+    frames = Spec(shape=(4, 84, 84), dtype=torch.uint8)
+    actions_spec = Spec(shape=(), dtype=torch.int64, num_actions=6)
+    cfg = PolicyConfig(encoder=case["encoder"], hidden_sizes=ENCODERS[case["encoder"]], activation="relu")
+    policy = ActorCritic(frames, actions_spec, cfg)
+    conv = next(m for m in policy.modules() if isinstance(m, torch.nn.Conv2d))
+    layout = "channels_last" if conv.weight.is_contiguous(memory_format=torch.channels_last) else "nchw"
+    g = torch.Generator().manual_seed(0)
+    n = case["batch"] if case["kind"] == "train" else case["act_batch"]
+    obs = torch.randint(0, 256, (n, 4, 84, 84), generator=g, dtype=torch.uint8)
+    acts = torch.randint(0, 6, (n,), generator=g)
+    adv = torch.randn(n, generator=g)
+    ret = torch.randn(n, generator=g)
+    opt = torch.optim.Adam(policy.parameters(), lr=2.5e-4, eps=1e-5)
+
+    def train(_k: int) -> None:
+        logp, entropy, values = policy.evaluate(obs, acts)
+        loss = -(logp.exp() * adv).mean() - 0.01 * entropy.mean() + 0.5 * (values - ret).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def act(_k: int) -> None:
+        with torch.no_grad():
+            policy.act(obs, with_value=False)
+
+    fn = train if case["kind"] == "train" else act
+    harness.run_for(fn, 1.0, min_calls=2)  # warm-up (oneDNN picks its kernels on the first calls)
+    timed = harness.run_for(fn, case["seconds"], min_calls=3)
+    per_sample_s = timed.wall_s / (timed.calls * n)
+    return {**case, "layout": layout, "calls": timed.calls, "us_per_sample": per_sample_s * 1e6,
+            "samples_per_s": 1.0 / per_sample_s, "cpu_per_wall": timed.cpu_s / timed.wall_s}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=4.0, help="per timed block")
+    parser.add_argument("--batch", type=int, default=256, help="train minibatch (the Atari preset's)")
+    parser.add_argument("--act-batch", type=int, default=16, help="act batch (one env group of the Atari preset)")
+    parser.add_argument("--threads", default="1,2", help="torch thread counts, comma-separated")
+    parser.add_argument("--encoders", default=",".join(ENCODERS), help="comma-separated, of: " + ", ".join(ENCODERS))
+    parser.add_argument("--timeout-s", type=float, default=180.0, help="per case")
+    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--name", default="cnn_cpu")
+    harness.add_quiet_arguments(parser)
+    args = parser.parse_args()
+    if args.case:
+        print("RESULT " + json.dumps(run_case(json.loads(args.case))), flush=True)
+        return
+    encs = [e.strip() for e in args.encoders.split(",") if e.strip()]
+    bad = [e for e in encs if e not in ENCODERS]
+    if bad or not encs:
+        parser.error(f"--encoders {args.encoders!r}: choose from {', '.join(ENCODERS)}")
+    try:
+        threads = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        parser.error(f"--threads {args.threads!r}: comma-separated integers, e.g. 1,2")
+    if not threads or min(threads) < 1 or args.rounds < 1 or args.batch < 1 or args.act_batch < 1:
+        parser.error("--threads, --rounds, --batch and --act-batch must be >= 1")
+    quiet = harness.check_quiet_from_args(args, log=print)
+    base = {"batch": args.batch, "act_batch": args.act_batch, "seconds": args.seconds}
+    keys = [(e, k, t, cl) for e in encs for k in ("train", "act") for t in threads for cl in (True, False)]
+
+    def case_fn(key):
+        enc, kind, t, cl = key
+
+        def run(_round: int) -> dict:
+            case = {**base, "encoder": enc, "kind": kind, "threads": t, "channels_last": cl}
+            res = harness.run_case_in_subprocess(__file__, case, args.timeout_s)
+            if "error" in res:
+                raise RuntimeError(f"{key}: {res['error']}")
+            print(f"  {enc} {kind} threads={t} {res['layout']:13s} {res['us_per_sample']:8.1f} us/sample", flush=True)
+            return res
+
+        return run
+
+    t0 = time.perf_counter()
+    results = harness.interleave({key: case_fn(key) for key in keys}, args.rounds)
+    rows = []
+    for enc, kind, t, cl in keys:
+        if not cl:
+            continue
+        fast = [r["samples_per_s"] for r in results[(enc, kind, t, True)]]
+        slow = [r["samples_per_s"] for r in results[(enc, kind, t, False)]]
+        rows.append({
+            "encoder": enc, "kind": kind, "threads": t,
+            "channels_last_us_per_sample": harness.median([r["us_per_sample"] for r in results[(enc, kind, t, True)]]),
+            "nchw_us_per_sample": harness.median([r["us_per_sample"] for r in results[(enc, kind, t, False)]]),
+            "channels_last_samples_per_s": harness.median(fast),
+            "speedup_channels_last": harness.paired_ratio(fast, slow),
+        })  # fmt: skip
+    data = {"machine": harness.machine_record(quiet), "quiet": quiet, "settings": {**base, "threads": threads},
+            "rounds": args.rounds, "elapsed_s": time.perf_counter() - t0,
+            "results": {"/".join(map(str, k)): v for k, v in results.items()}, "rows": rows}  # fmt: skip
+    md = [
+        "# CNN policies on the CPU: channels_last vs NCHW (Pong frames uint8 [4, 84, 84], 6 actions)",
+        "",
+        harness.quiet_line(quiet),
+        "",
+        f"{args.rounds} interleaved rounds, each case in a fresh interpreter; medians over rounds; the speed-up is "
+        f"paired per round. `train`: one Adam step of a PPO-shaped loss on {args.batch} samples (`evaluate`, "
+        f"backward, step); `act`: no-grad `act(with_value=False)` on {args.act_batch} frames.",
+        "",
+        "| encoder | call | torch threads | channels_last us/sample | NCHW us/sample | channels_last samples/s | "
+        "channels_last speed-up |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        md.append(f"| {r['encoder']} | {r['kind']} | {r['threads']} | {r['channels_last_us_per_sample']:.0f} | "
+                  f"{r['nchw_us_per_sample']:.0f} | {r['channels_last_samples_per_s']:.0f} | "
+                  f"{r['speedup_channels_last']:.2f}x |")  # fmt: skip
+    print("\n".join(md))
+    print(harness.write_results(args.out, args.name, data, "\n".join(md) + "\n"))
+
+
+if __name__ == "__main__":
+    main()
