@@ -90,7 +90,7 @@ def main() -> None:
     harness.add_quiet_arguments(parser)
     args = parser.parse_args()
     if args.case:
-        print("RESULT " + json.dumps(run_case(json.loads(args.case))), flush=True)
+        harness.print_case_result(run_case(json.loads(args.case)))
         return
     encs = [e.strip() for e in args.encoders.split(",") if e.strip()]
     bad = [e for e in encs if e not in ENCODERS]

@@ -126,7 +126,7 @@ def main() -> None:
     harness.add_quiet_arguments(parser)
     args = parser.parse_args()
     if args.case:
-        print("RESULT " + json.dumps(run_case(json.loads(args.case))), flush=True)
+        harness.print_case_result(run_case(json.loads(args.case)))
         return
     quiet = harness.check_quiet_from_args(args, log=print)
     base = {"num_envs": args.num_envs, "num_splits": 2, "sim_threads": args.sim_threads, "seconds": args.seconds}

@@ -30,16 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sample_fast.benchmark import harness  # noqa: E402
+from sample_fast.procs import cpu_seconds as proc_cpu_s  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of every thread of ``pid`` (seconds), from /proc/<pid>/stat (the process total)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15 of proc(5))
 
 
 class Phases:

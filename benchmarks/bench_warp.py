@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.case:  # child process: one case
         c = json.loads(args.case)
         row = run_case(c["backend"], c["task"], c["num_envs"], c["device"], c["seconds"], c.get("cache_dir"))
-        print("RESULT " + json.dumps(row), flush=True)
+        harness.print_case_result(row)
         return 0
 
     on_gpu = args.device.startswith("cuda")

@@ -281,10 +281,19 @@ def spread(xs: Sequence[float]) -> dict[str, Any]:
 
 
 # ----- result files -----------------------------------------------------------------------------------------------
+RESULT_PREFIX = "RESULT "
+
+
+def print_case_result(row: Mapping[str, Any]) -> None:
+    """The child's side of ``run_case_in_subprocess``: print ``row`` as the ``RESULT <json>`` line it reads."""
+    print(RESULT_PREFIX + json.dumps(row), flush=True)
+
+
 def run_case_in_subprocess(script: str, case: dict[str, Any], timeout_s: float, timeout_note: str = "") -> dict:
     """Run ``python script --case <case as JSON>`` in a fresh interpreter (a case that hangs or crashes in native code
-    cannot take the benchmark down) and return the dict its last ``RESULT <json>`` line printed, plus ``wall_s``. A
-    timeout, a non-zero exit or no result line becomes ``{**case, "error": ...}``."""
+    cannot take the benchmark down) and return the dict its last ``RESULT <json>`` line printed
+    (``print_case_result``), plus ``wall_s``. A timeout, a non-zero exit or no result line becomes
+    ``{**case, "error": ...}``."""
     import subprocess
 
     cmd = [sys.executable, os.path.abspath(script), "--case", json.dumps(case)]
@@ -293,10 +302,10 @@ def run_case_in_subprocess(script: str, case: dict[str, Any], timeout_s: float, 
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)  # SYNC: bounded by timeout_s
     except subprocess.TimeoutExpired:
         return {**case, "error": f"timeout after {timeout_s:.0f} s{timeout_note}"}
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not rows:
         return {**case, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
-    return {**json.loads(rows[-1][len("RESULT ") :]), "wall_s": time.perf_counter() - t0}
+    return {**json.loads(rows[-1][len(RESULT_PREFIX) :]), "wall_s": time.perf_counter() - t0}
 
 
 def write_text(path: str | os.PathLike, text: str) -> str:
