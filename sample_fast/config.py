@@ -306,9 +306,10 @@ def _env_specs(env: EnvConfig) -> tuple[Any, Any] | None:
     return None
 
 
-def _check_policy(cfg: TrainConfig) -> None:
+def _check_policy(cfg: TrainConfig) -> str | None:
     """The policy settings fit the env's observations and actions (``PolicyConfig.check_specs``: a CNN encoder on
-    image frames only, no Gaussian settings on discrete actions)."""
+    image frames only, no Gaussian settings on discrete actions). Returns the encoder the policy will have
+    (``auto`` resolved), or None where the config alone does not tell (an ``auto`` encoder on a gymnasium id)."""
     from .encoders import CNN_ENCODERS
     from .envs import TASKS
     from .policy import PolicyConfigError
@@ -321,11 +322,31 @@ def _check_policy(cfg: TrainConfig) -> None:
         )
     specs = _env_specs(env)
     if specs is None:
-        return
+        return "mlp" if env.name in TASKS else (policy.encoder if policy.encoder != "auto" else None)
     try:
-        policy.check_specs(*specs, prefix="policy.")
+        return policy.check_specs(*specs, prefix="policy.")
     except PolicyConfigError as e:
         raise ConfigError(f"{e} (env {env.name})") from None
+
+
+def _fit_sampler_device(cfg: TrainConfig, encoder: str | None, cuda: bool) -> None:
+    """``sampler.device``: checked, and ``auto`` fitted. Async: the learner's CUDA device for a CNN policy (a
+    Nature CNN forward of a few hundred frames on the sampler's one CPU thread would set the pace of a GPU run), else
+    the CPU (an MLP acts in microseconds there, with no copies). Serial: the learner's policy acts, on run.device."""
+    from .encoders import CNN_ENCODERS
+
+    sampler, run = cfg.sampler, cfg.run
+    _check_device("sampler.device", sampler.device, cuda)
+    if run.mode == "serial":
+        if sampler.device != "auto" and torch.device(sampler.device).type != torch.device(run.device).type:
+            raise ConfigError(
+                f"sampler.device={sampler.device} but run.mode=serial acts with the learner's policy on "
+                f"run.device={run.device}: drop sampler.device (or use run.mode=async for a separate acting copy)"
+            )
+        sampler.device = run.device
+    elif sampler.device == "auto":
+        on_cuda = torch.device(run.device).type == "cuda"
+        sampler.device = run.device if on_cuda and encoder in CNN_ENCODERS else "cpu"
 
 
 def _check_distributed(dist_cfg: DistributedConfig, environ: Any):
@@ -349,6 +370,7 @@ def _fit_distributed(cfg: TrainConfig, launch: Any) -> None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 1
     cfg.run.device = rank_device(cfg.run.device, launch.local_rank, gpus)
     cfg.env.device = rank_device(cfg.env.device, launch.local_rank, gpus)
+    cfg.sampler.device = rank_device(cfg.sampler.device, launch.local_rank, gpus)
     dist_cfg, on_cuda = cfg.distributed, torch.device(cfg.run.device).type == "cuda"
     if dist_cfg.backend == "auto":
         dist_cfg.backend = "nccl" if on_cuda else "gloo"
@@ -535,7 +557,7 @@ def resolve(
                 validate()
             except ValueError as e:  # the component's own check; its message names the field
                 raise ConfigError(f"{section}: {e} (set it with {section}.<field>=...)") from None
-    _check_policy(cfg)
+    _fit_sampler_device(cfg, _check_policy(cfg), cuda)
     _check_recurrent(cfg)
 
     # logging

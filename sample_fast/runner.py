@@ -52,7 +52,7 @@ from sample_fast.procs import (
     start_resource_tracker,
     stop_signals_blocked,
 )
-from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, build_split_envs
+from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, acting_device, build_split_envs
 from sample_fast.trajectory_store import StoreLockTimeout, TrajectoryStore
 from sample_fast.wiring import build_sampler, build_store
 
@@ -184,7 +184,7 @@ def _sampler_main(
         if not pid_alive(parent_pid) or control[CTRL_STOP] != 0:
             return  # the runner died before the death signal was armed, or stopped during our start-up
         envs = build_split_envs(env_fn, cfg.num_splits)
-        policy = policy_fn()
+        policy = policy_fn().to(acting_device(cfg.device))  # sampler.device: e.g. a CNN acts on the learner's GPU
         sampler = Sampler(
             envs,
             policy,
@@ -283,6 +283,15 @@ class Runner:
             torch.set_num_threads(runner_cfg.learner_threads)
         self.policy = policy_fn()
         self.learner = learner_fn(self.policy)
+        if mode == "serial" and sampler_cfg.device != "auto":
+            first = next(iter(self.policy.parameters()), None)
+            learner_device = first.device if first is not None else torch.device("cpu")
+            want = acting_device(sampler_cfg.device)
+            if want.type != learner_device.type or want.index not in (None, learner_device.index):
+                raise ValueError(
+                    f"sampler.device={sampler_cfg.device!r}, but serial mode acts with the learner's policy on "
+                    f"{learner_device}: use sampler.device=auto (or run.mode=async for a separate acting copy)"
+                )
         self.env_steps = 0
         self.store: TrajectoryStore | None = None
         self.param_store: ParamStore | None = None

@@ -55,6 +55,11 @@ class SamplerConfig:
     #: MuJoCo call); on 2 cores 1 ms / 200 µs / 50 µs measured 1.00x / 0.99x / 0.99x of the default's +inference at
     #: 128 Ant envs (benchmarks/results/levers_gil_cpu.md): the waits are short, not switch-interval long.
     gil_switch_interval_s: float | None = None
+    #: async mode: where the sampler process's acting policy copy runs: "cpu", "cuda" or "cuda:<index>"; "auto" is
+    #: the CPU here, and the trainer's config check fits it (``sample_fast.config.resolve``: the learner's CUDA device
+    #: for a CNN policy, where a forward of a few hundred frames on one CPU thread would set the pace, else the CPU).
+    #: Serial mode acts with the learner's own policy, on the learner's device.
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -71,12 +76,29 @@ class SamplerConfig:
             )
         if self.weights_refresh not in ("step", "slot"):
             raise ValueError(f"sampler.weights_refresh must be step or slot, got {self.weights_refresh!r}")
+        try:
+            acting_device(self.device)
+        except ValueError as e:
+            raise ValueError(f"sampler.device={self.device!r}: {e}") from None
         si = self.gil_switch_interval_s
         if si is not None and (isinstance(si, bool) or not isinstance(si, (int, float)) or not 0 < si <= 1):
             raise ValueError(
                 f"sampler.gil_switch_interval_s must be a number of seconds in (0, 1] or null (Python's default), "
                 f"got {si!r}"
             )
+
+
+def acting_device(device: str) -> torch.device:
+    """The ``torch.device`` of ``SamplerConfig.device`` (``auto``: the CPU); ValueError naming the choices."""
+    if device == "auto":
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError("not a device the sampler can act on; use auto, cpu, cuda or cuda:<index>")
+    return dev
 
 
 class EpisodeRing:

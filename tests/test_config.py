@@ -646,6 +646,37 @@ def test_atari_sizes_follow_the_learner_device():
     assert (fixed.env.num_envs, fixed.env.backend) == (8, "ale")
 
 
+def test_the_sampler_acts_where_its_policy_is_cheapest():
+    # A CNN policy acts on the learner's GPU (a Nature CNN on one CPU thread would set a GPU run's pace); an MLP on the
+    # CPU (async, the simulator there too); serial mode acts with the learner's policy on run.device.
+    assert resolve(_compose("env=pong"), num_cores=8, cuda=True).sampler.device == "cuda"
+    assert resolve(_compose("env=pong", "policy.encoder=impala_cnn"), num_cores=8, cuda=True).sampler.device == "cuda"
+    assert resolve(_compose("env=pong"), num_cores=2, cuda=False).sampler.device == "cpu"
+    pong_mlp = _compose("env=pong", "policy.encoder=mlp", "policy.normalize_obs=true")
+    assert resolve(pong_mlp, num_cores=8, cuda=True).sampler.device == "cpu"
+    ant_cpu_sim = resolve(_compose("env=ant", "env.backend=mujoco"), num_cores=8, cuda=True)
+    assert (ant_cpu_sim.run.mode, ant_cpu_sim.run.device, ant_cpu_sim.sampler.device) == ("async", "cuda", "cpu")
+    ant_gpu_sim = resolve(_compose("env=ant"), num_cores=8, cuda=True)
+    assert (ant_gpu_sim.run.mode, ant_gpu_sim.sampler.device) == ("serial", "cuda")
+    # explicit choices are kept
+    assert resolve(_compose("env=pong", "sampler.device=cpu"), num_cores=8, cuda=True).sampler.device == "cpu"
+    assert resolve(_compose("env=pong", "sampler.device=cuda:0"), num_cores=8, cuda=True).sampler.device == "cuda:0"
+
+
+@pytest.mark.parametrize(
+    "overrides, cuda, match",
+    [
+        (["sampler.device=gpu"], False, r"sampler\.device='gpu': not a device the sampler can act on; use auto, cpu"),
+        (["sampler.device=cuda"], False, r"sampler\.device='cuda' but torch sees no CUDA device; use sampler\.device"),
+        (["sampler.device=cuda", "run.mode=serial", "run.device=cpu"], True,
+         r"run\.mode=serial acts with the learner's policy on run\.device=cpu: drop sampler\.device"),
+    ],
+)  # fmt: skip
+def test_bad_sampler_devices_name_the_fix(overrides, cuda, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve(_compose("env=pong", *overrides), num_cores=8, cuda=cuda)
+
+
 def test_a_cpu_atari_learner_gets_every_core_and_an_ant_learner_half():
     # The CNN learner sets the pace of a CPU Atari run; the MLP learner of a MuJoCo run shares with the simulator.
     assert resolve(_compose("env=pong"), num_cores=2, cuda=False).runner.learner_threads == 2

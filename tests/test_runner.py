@@ -126,6 +126,17 @@ def _check_run(runner, hooks, summary, total, start=0):
     assert hooks.stops == [(summary["env_steps"], "total_env_steps")]
 
 
+def test_serial_mode_acts_on_the_learners_device_only():
+    # serial: the learner's own policy acts, so another sampler.device would be silently ignored: rejected instead
+    with pytest.raises(ValueError, match=r"sampler\.device='cuda', but serial mode acts with the learner's policy on"):
+        Runner(functools.partial(toy_env, 6), VersionPolicy, CheckingLearner, _cfg(device="cuda"), _rcfg(),
+               mode="serial")  # fmt: skip
+    for device in ("cpu", "auto"):  # the learner's device, or auto, is what serial mode does anyway
+        runner = Runner(functools.partial(toy_env, 6), VersionPolicy, CheckingLearner, _cfg(device=device), _rcfg(),
+                        mode="serial")  # fmt: skip
+        assert runner.run(total_env_steps=48)["env_steps"] == 48
+
+
 @pytest.mark.timeout(60)
 def test_serial_runner_trains_on_correct_batches():
     runner, hooks = _runner("serial")

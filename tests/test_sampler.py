@@ -15,7 +15,7 @@ from sample_fast.envs.toy import ToyEnv
 
 from sample_fast.param_store import ParamStore
 from sample_fast.runner import RunnerConfig
-from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, build_split_envs
+from sample_fast.sampler import EpisodeRing, Sampler, SamplerConfig, acting_device, build_split_envs
 from sample_fast.trajectory_store import TrajectoryStore
 
 ACTION_STEP = 0.002  # mean action = ACTION_STEP * version (half from the parameter, half from the buffer)
@@ -310,6 +310,14 @@ def test_async_weights_refresh_mid_slot(refresh):
             assert versions == expected
     finally:
         sampler.close()
+
+
+def test_sampler_device_names_the_choices():
+    assert SamplerConfig().device == "auto" and acting_device("auto") == torch.device("cpu")
+    assert acting_device("cuda:1") == torch.device("cuda", 1)  # no CUDA needed to name one (resolve checks that)
+    for bad in ("gpu", "meta", "cuda:x", ""):
+        with pytest.raises(ValueError, match=r"sampler\.device=.*not a device the sampler can act on; use auto, cpu"):
+            SamplerConfig(device=bad)
 
 
 def test_weights_refresh_rejects_unknown_values():
