@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import __version__
 from .checkpoint import rng_state
 from .config import ConfigError, TrainConfig, resolve, run_dir
-from .wiring import build_env, build_learner, build_policy, probe_slot_shape
+from .wiring import build_env, build_learner, build_policy, check_store_fits, probe_slot_shape
 
 log = logging.getLogger("sample_fast.train")
 
@@ -463,6 +463,7 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
     from .checkpoint import CheckpointManager
     from .logger import ProgressLogger
     from .runner import SamplerError
+    from .trajectory_store import SharedMemoryTooSmall
 
     ckpt = latest = resume_state = None
     if writer:
@@ -516,6 +517,11 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
     per_split = cfg.env.num_envs // cfg.sampler.num_splits
     slot_shape = probe_slot_shape(cfg.env, per_split)  # one 1-env CPU probe: the specs and the slot sizes
     obs_spec, act_spec = slot_shape.observation_spec, slot_shape.action_spec
+    if cfg.run.mode == "async":  # the shared slots must fit in /dev/shm (docker's default: 64 MiB): said now
+        try:  # (a recurrent policy's state keys, a few KB, are left out: inside the check's 10% margin)
+            check_store_fits(slot_shape, cfg.sampler)
+        except SharedMemoryTooSmall as e:
+            raise RunFailed(str(e)) from None
     # Wiring: the env and an acting policy copy are built wherever the sampler runs (a child process in async mode);
     # the learner and its policy are built here, in the main process, with the resumed state.
     env_fn = functools.partial(build_env, cfg.env, per_split)

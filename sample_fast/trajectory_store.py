@@ -21,6 +21,7 @@ and ``replace_writer`` gives the store a fresh lock and doorbells once a dead wr
 from __future__ import annotations
 
 import math
+import shutil
 import threading
 import time
 from typing import Any
@@ -145,6 +146,53 @@ class SlotStateError(RuntimeError):
     """An illegal slot-state transition (a bug in the caller: e.g. training a slot that is still FILLING)."""
 
 
+def store_bytes(spec: dict[str, tuple[tuple[int, ...], torch.dtype]], observation_spec: Spec, num_slots: int) -> int:
+    """Bytes of a store of ``num_slots`` slots of ``spec`` (``trajectory_spec``), the ``obs_written`` mask of
+    integer observations included."""
+    slot = sum(math.prod(shape) * dtype.itemsize for shape, dtype in spec.values())
+    if not observation_spec.dtype.is_floating_point:  # one bool per obs row and env: [T + 1, B]
+        slot += math.prod(spec["obs"][0][:2])
+    return num_slots * slot
+
+
+class SharedMemoryTooSmall(MemoryError):
+    """A shared store would not fit in the free shared memory (``/dev/shm``); the message says what to change."""
+
+
+#: Where Linux keeps POSIX shared memory (``shm_open``, which torch's ``share_memory_`` uses): a tmpfs whose size a
+#: container sets (docker's default is 64 MiB).
+SHM_DIR = "/dev/shm"
+
+
+def _free_bytes(path: str) -> int:
+    return shutil.disk_usage(path).free
+
+
+def check_shared_memory(num_bytes: int, shm_dir: str = SHM_DIR) -> None:
+    """Raise ``SharedMemoryTooSmall`` unless ``num_bytes`` (plus a 10% margin for the other shared buffers: the
+    ParamStore, the episode ring) fit in ``shm_dir``'s free space. Without it, a store that does not fit fails inside
+    torch's ``share_memory_`` with a traceback ("unable to allocate shared memory(shm) ... No space left on device",
+    seen with ``env=pong`` under a 64 MiB /dev/shm) that names neither the cause nor the fix. A machine without
+    ``shm_dir`` (macOS) is not checked."""
+    try:
+        free = _free_bytes(shm_dir)
+    except OSError:
+        return
+    need = int(num_bytes * 1.1)
+    if need > free:
+        raise SharedMemoryTooSmall(
+            f"the trajectory store needs {need / 2**20:,.0f} MiB of shared memory, but {shm_dir} has "
+            f"{free / 2**20:,.0f} MiB free: give it more (docker run --shm-size={_gib_for(need)}g; Kubernetes: an "
+            "emptyDir with medium: Memory mounted at /dev/shm), or make the slots smaller: fewer envs, a shorter "
+            "rollout or fewer slots (env.num_envs, sampler.rollout_len, sampler.num_slots)"
+        )
+
+
+def _gib_for(num_bytes: int) -> int:
+    """Whole GiB to ask for: twice the need, at least 1."""
+    return max(1, math.ceil(2 * num_bytes / 2**30))
+
+
 class StoreLockTimeout(TimeoutError):
     """The store's lock was not released within LOCK_TIMEOUT_S: the other process died or was stopped holding it."""
 
@@ -218,6 +266,8 @@ class TrajectoryStore:
             store_values=store_values, rnn_state_shape=self.rnn_state_shape, rl2=rl2, rnn_state_dtype=rnn_state_dtype,
         )  # fmt: skip
         self.final_capacity = self.spec["final_obs"][0][0]
+        if shared:  # before anything is allocated: a store too large for /dev/shm is refused with the fix
+            check_shared_memory(store_bytes(self.spec, observation_spec, num_slots))
         tensors = {key: torch.empty((num_slots, *shape), dtype=dtype, device=device)
                    for key, (shape, dtype) in self.spec.items()}  # fmt: skip
         self.data = TensorDict(tensors, batch_size=[num_slots], device=device)

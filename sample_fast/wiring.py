@@ -162,18 +162,33 @@ def build_store(
     from .trajectory_store import TrajectoryStore
 
     return TrajectoryStore(
-        env.observation_spec,
-        env.action_spec,
-        sampler_cfg.rollout_len,
-        env.num_envs,
+        *_store_shape(env, sampler_cfg),
         sampler_cfg.num_slots,
-        max_episode_steps=env.truncation_limit,
-        store_values=sampler_cfg.store_values,
+        **_store_layout(env, sampler_cfg, policy),
         device=env.device if not shared else "cpu",
         shared=shared,
         ctx=ctx,
-        **rnn_layout(policy),
     )
+
+
+def check_store_fits(env, sampler_cfg: SamplerConfig, policy: Any = None) -> None:
+    """Raise ``trajectory_store.SharedMemoryTooSmall`` (naming the fix) if the shared store ``build_store`` would
+    allocate for the async runner does not fit in /dev/shm: the trainer asks before it builds a component or starts
+    a process (``trajectory_store.check_shared_memory``)."""
+    from .trajectory_store import check_shared_memory, store_bytes, trajectory_spec
+
+    spec = trajectory_spec(*_store_shape(env, sampler_cfg), **_store_layout(env, sampler_cfg, policy))
+    check_shared_memory(store_bytes(spec, env.observation_spec, sampler_cfg.num_slots))
+
+
+def _store_shape(env, sampler_cfg: SamplerConfig) -> tuple[Any, Any, int, int]:
+    """``(observation_spec, action_spec, rollout_len, num_envs)`` of one split's slots."""
+    return env.observation_spec, env.action_spec, sampler_cfg.rollout_len, env.num_envs
+
+
+def _store_layout(env, sampler_cfg: SamplerConfig, policy: Any) -> dict[str, Any]:
+    """The slot-layout keywords of ``TrajectoryStore`` / ``trajectory_spec`` (side table, values, recurrent keys)."""
+    return {"max_episode_steps": env.truncation_limit, "store_values": sampler_cfg.store_values, **rnn_layout(policy)}
 
 
 def rnn_layout(policy: Any) -> dict[str, Any]:

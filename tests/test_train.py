@@ -407,3 +407,22 @@ def test_resume_refuses_another_env_or_architecture(tmp_path):
         train_mod.prepare(_cfg(f"run.dir={rdir}", "policy.hidden_sizes=[8]"))
     train_mod.prepare(_cfg(f"run.dir={rdir}"))  # the same config resumes
     train_mod.prepare(_cfg(f"run.dir={rdir}", "restart=true", "policy.hidden_sizes=[8]"))  # restart is allowed
+
+
+def test_slots_too_big_for_dev_shm_stop_the_run_before_any_process(tmp_path, monkeypatch):
+    # docker's default /dev/shm is 64 MiB: a store that does not fit failed deep in torch's share_memory_ ("No space
+    # left on device"); the trainer says so first, with the fix, and starts nothing (no sampler, no checkpoint)
+    from sample_fast import trajectory_store
+
+    monkeypatch.setattr(trajectory_store, "_free_bytes", lambda path: 1024)
+    runner_cls = lambda *args, **kwargs: pytest.fail("a Runner was built")  # noqa: E731
+    monkeypatch.setattr(train_mod, "import_runner", lambda: runner_cls)
+    rdir = tmp_path / "run"
+    with pytest.raises(train_mod.RunFailed, match=r"needs \d MiB of shared memory, but /dev/shm has 0 MiB free: give "
+                       r"it more \(docker run --shm-size=1g"):  # fmt: skip
+        train_mod.train(_cfg(*_QUIET_ASYNC, f"run.dir={rdir}"))
+    assert not list((rdir / "checkpoints").glob("*"))
+    # serial mode keeps its slots in the process's own memory: nothing to check there
+    monkeypatch.undo()
+    monkeypatch.setattr(trajectory_store, "_free_bytes", lambda path: 1024)
+    assert train_mod.train(_cfg(*_QUIET, "run.total_env_steps=256", f"run.dir={tmp_path / 's'}"))["env_steps"] >= 256

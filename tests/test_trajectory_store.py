@@ -6,15 +6,20 @@ import pytest
 import torch
 from sample_fast.envs import Spec
 
+from sample_fast import trajectory_store
 from sample_fast.trajectory_store import (
     FILLING,
     FREE,
     INT_POISON,
     READY,
     TRAINING,
+    SharedMemoryTooSmall,
     SlotStateError,
     TrajectoryStore,
+    check_shared_memory,
     final_obs_capacity,
+    store_bytes,
+    trajectory_spec,
 )
 
 OBS = Spec(shape=(3,), dtype=torch.float32)
@@ -247,3 +252,33 @@ def test_slot_bytes_script_counts_hand_computed_bytes(load_bench):
     # side table ceil(2 / 1000) * 3 = 3 rows of 420 + 8 + 8, final_count 8 -> 5396
     store = TrajectoryStore(ant_obs, ant_act, 2, 3, 1, max_episode_steps=1000)
     assert store.bytes_per_slot() == 3780 + 300 + 3 * 436 + 8
+
+
+@pytest.mark.parametrize("obs_spec", [OBS, PIXELS])
+def test_store_bytes_counts_what_the_store_allocates(obs_spec):
+    # the independent count: the bytes of the tensors a local store really holds (obs_written for integer frames)
+    store = TrajectoryStore(obs_spec, DISCRETE, 5, 3, 4, max_episode_steps=2)
+    held = sum(t.numel() * t.element_size() for t in store.data.values())
+    held += store.obs_written.numel() if store.obs_written is not None else 0
+    assert store_bytes(store.spec, obs_spec, 4) == held
+
+
+def test_a_store_that_does_not_fit_in_dev_shm_is_refused_before_allocation(monkeypatch):
+    # 4 slots of 129 x 16 Pong frames (28,224 bytes each): 233 MB, more than docker's default 64 MiB of /dev/shm
+    pong = Spec(shape=(4, 84, 84), dtype=torch.uint8)
+    spec = trajectory_spec(pong, DISCRETE, 128, 16, max_episode_steps=27000)
+    need = store_bytes(spec, pong, 4)
+    assert need > 4 * 129 * 16 * 28224
+    monkeypatch.setattr(trajectory_store, "_free_bytes", lambda path: 64 * 2**20)
+    allocated = []
+    monkeypatch.setattr(TrajectoryStore, "poison", lambda self, slot_idx=None: allocated.append(self))
+    with pytest.raises(SharedMemoryTooSmall, match=r"needs 2\d\d MiB of shared memory, but /dev/shm has 64 MiB free: "
+                       r"give it more \(docker run --shm-size=1g.*env\.num_envs, sampler\.rollout_len"):  # fmt: skip
+        TrajectoryStore(pong, DISCRETE, 128, 16, 4, max_episode_steps=27000, shared=True,
+                        ctx=multiprocessing.get_context("spawn"))  # fmt: skip
+    assert allocated == []  # refused before a byte was allocated (and poisoned)
+    TrajectoryStore(pong, DISCRETE, 128, 16, 4, max_episode_steps=27000)  # a local store needs no shared memory
+    monkeypatch.setattr(trajectory_store, "_free_bytes", lambda path: int(need * 1.1) + 1)
+    check_shared_memory(need)  # fits with its 10% margin
+    monkeypatch.undo()
+    check_shared_memory(10**15, shm_dir="/no/such/dir")  # no /dev/shm (macOS): nothing to check
