@@ -137,3 +137,9 @@ def test_pong_race_times_to_a_mean_score(tmp_path, load_bench):
     assert "| >= +0 | 30 s (0.00M) | not reached in 45 s (0.00M) |" in text
     assert race.main(["--ours", str(ours), "--peer", str(peer), "--out", str(tmp_path / "race")]) == 0
     assert (tmp_path / "race.png").stat().st_size > 0 and (tmp_path / "race.md").read_text() == text + "\n"
+    # our run alone (gpu_pong.sh): one column, the +20 row, wall-clock marks within the run and its end (40 s)
+    assert race.main(["--ours", str(ours), "--out", str(tmp_path / "alone"), "--title", "Pong-v5 on one GPU"]) == 0
+    alone = (tmp_path / "alone.md").read_text().splitlines()
+    assert alone[0] == "| mean score of the last 100 games | sample_fast env=pong |"
+    assert "| >= +20 | not reached in 40 s (0.00M) |" in alone and "| at 40 s | -1.00 |" in alone
+    assert not any(line.startswith("| at 60 s") for line in alone)

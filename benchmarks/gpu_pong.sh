@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# GPU Pong (issue #15): `python -m sample_fast.train env=pong` on a lent GPU machine (one H200, 16 CPU cores). The
+# emulator runs on the CPU (ale-py's AtariVectorEnv, C++ threads: its ROMs are in its wheel, unlike EnvPool's 140 MB
+# asset package, so the carried wheels stay small); the policy acts (sampler.device=auto: the learner's GPU for a CNN)
+# and learns on the GPU, bf16 autocast. It reports the wall-clock time to a mean score of 0 / +18 / +20 over the
+# last 100 games and the env steps/s. Goal: +20 in under 2 minutes (rl_games + EnvPool report about 2 minutes on one
+# RTX 3090, without sticky actions; env=pong keeps the v5 default of 0.25). About 9 minutes from a fresh machine.
+#
+#   bash benchmarks/gpu_pong.sh --fetch-wheels     # HERE, with pip access: the wheels the GPU image lacks -> .whl/
+#   bash benchmarks/gpu_pong.sh                    # THERE, from the repo root (device tool: carry .whl); $OUT or
+#                                                  # benchmarks/results/gpu_pong-<date>/ gets the results
+#   GPU_PONG_SMOKE=1 bash benchmarks/gpu_pong.sh   # the same sections on the CPU with tiny sizes (~1 minute)
+#
+# Files written (8 at most, for the device tool): gpu_pong.log, gpu.csv (nvidia-smi), progress.csv, config.yaml and
+# meta.json of the run, race.md + race.png (benchmarks/pong_race.py: times to each score), summary.md.
+# The recipe is env=pong's (CleanRL's ppo_atari on APPO) with sizes for 16 cores and a GPU learner: 256 envs (2
+# groups of 128), rollout 128, minibatches of 1024 samples (16 per batch), 4 epochs. Not yet run on a GPU.
+set -u
+cd "$(dirname "$0")/.."
+REPO="$(pwd)"
+OUT_DIR="${OUT:-$REPO/benchmarks/results/gpu_pong-$(date -u +%Y-%m-%d)}"
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/gpu_pong.log"
+WHEELS="${GPU_PONG_WHEELS:-$REPO/.whl}"
+RUN_DIR="${GPU_PONG_RUN_DIR:-/tmp/sf-gpu-pong-run}"  # checkpoints and TensorBoard stay out of $OUT (8 files)
+export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 MUJOCO_GL=egl
+
+# Wheels the H200 image lacks (it has torch 2.11 CUDA, numpy, numba, matplotlib, tensorboard, rich, cloudpickle,
+# pyyaml, packaging, zipp); Python 3.12, x86-64. antlr4-python3-runtime has no wheel on PyPI: built here (pure Python).
+OFFLINE_WHEELS="ale-py==0.12.1 hydra-core==1.3.8 omegaconf==2.3.1 gymnasium==1.4.0 farama-notifications==0.0.6
+  tensordict==0.14.3 pyvers==0.2.3 orjson==3.13.0 importlib-metadata==10.2.0"
+SDIST_WHEELS="antlr4-python3-runtime==4.9.3"
+
+if [ "${1:-}" = "--fetch-wheels" ]; then
+  mkdir -p "$WHEELS"
+  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+  PIP="${PYTHON:-python3} -m pip"
+  for w in $OFFLINE_WHEELS; do
+    $PIP download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "$w" || echo "could not fetch $w"
+  done
+  for w in $SDIST_WHEELS; do
+    $PIP wheel -q --no-deps -w "$WHEELS" "$w" || echo "could not build $w"
+  done
+  du -sh "$WHEELS"
+  exit 0
+fi
+
+exec > >(tee -a "$LOG") 2>&1
+echo "gpu_pong: $(date -u +%FT%TZ) host $(hostname), out $OUT_DIR"
+
+if [ "${GPU_PONG_SMOKE:-0}" = "1" ]; then
+  DEVICE=cpu; LIMIT_S=25
+  SIZES="env.num_envs=4 env.num_threads=1 sampler.rollout_len=8 learner.num_minibatches=2 logging.interval_s=2"
+else
+  DEVICE=cuda; LIMIT_S=330
+  SIZES="env.num_envs=256 learner.num_minibatches=16 logging.interval_s=5"
+fi
+
+PY_FILE=/tmp/sf-pong-python
+SITE=/tmp/sf-pong-site  # the wheels and this project, installed with --target: see section_setup
+section_setup() {
+  # The GPU image's python3 is itself a virtualenv (/opt/torch/.venv): a venv made from it with
+  # --system-site-packages would see the base interpreter's packages, not its torch. So everything this run needs
+  # goes into one --target folder on PYTHONPATH (the device tool's own advice), the project included (a plain,
+  # non-editable install: its package-dir mapping puts envs/ at sample_fast.envs).
+  local PY=${GPU_PONG_PYTHON:-python3}
+  if [ -n "${SF_PYTHON:-}" ]; then
+    rm -rf "$SITE"; echo "$SF_PYTHON" > "$PY_FILE"; echo "setup: using \$SF_PYTHON=$SF_PYTHON as is"; return 0
+  fi
+  if [ "${GPU_PONG_SMOKE:-0}" = "1" ] && [ "${GPU_PONG_SETUP:-}" != "wheels" ] && [ -x "$REPO/.venv/bin/python" ]; then
+    rm -rf "$SITE"; echo "$REPO/.venv/bin/python" > "$PY_FILE"; echo "setup: the smoke run uses .venv (scripts/setup.sh)"; return 0
+  fi
+  "$PY" -c "import torch" || { echo "setup: $PY has no torch"; return 1; }
+  rm -rf "$SITE"
+  local pip=("$PY" -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE")
+  if [ -d "$WHEELS" ]; then
+    "${pip[@]}" --no-index "$WHEELS"/*.whl "$REPO" || return 1
+  else  # a machine with pip access
+    # shellcheck disable=SC2086  # lists of requirements
+    "${pip[@]}" $OFFLINE_WHEELS $SDIST_WHEELS "$REPO" || return 1
+  fi
+  rm -rf "$REPO/build" "$REPO/sample_fast.egg-info"  # the in-tree build's leftovers
+  echo "$PY" > "$PY_FILE"
+  echo "setup: using $PY with PYTHONPATH=$SITE"
+}
+
+section_sanity() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT_DIR/gpu.csv" 2>/dev/null || true
+  cd /tmp || return 1  # not the repo: see section_setup
+  "$PY" - "$DEVICE" <<'EOF'
+import sys, time
+import torch
+from sample_fast.envs import make
+device = sys.argv[1]
+import sample_fast
+print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "| sample_fast from", sample_fast.__file__)
+assert device == "cpu" or torch.cuda.is_available(), "no CUDA device seen by torch"
+with make("Pong-v5", 16, backend="ale", seed=0) as env:
+    obs, _ = env.reset(seed=0)
+    t0 = time.perf_counter()
+    for _ in range(100):
+        env.step(torch.randint(0, env.action_spec.num_actions, (16,)))
+    print(f"ale Pong-v5, 16 envs: obs {tuple(obs.shape)} {obs.dtype}, {1600 / (time.perf_counter() - t0):,.0f} env steps/s")
+EOF
+}
+
+section_pong() {
+  rm -rf "$RUN_DIR" && mkdir -p "$RUN_DIR" && cd "$RUN_DIR" || return 1  # not the repo: see section_setup
+  # shellcheck disable=SC2086  # SIZES is a list of overrides
+  "$PY" -m sample_fast.train env=pong env.backend=ale run.device="$DEVICE" run.dir="$RUN_DIR" \
+    run.time_limit_s="$LIMIT_S" logging.progress=plain logging.tensorboard=false $SIZES
+  local rc=$?
+  for f in progress.csv config.yaml meta.json; do cp "$RUN_DIR/$f" "$OUT_DIR/" 2>/dev/null; done
+  return $rc
+}
+
+section_report() {
+  "$PY" "$REPO/benchmarks/pong_race.py" --ours "$OUT_DIR/progress.csv" --out "$OUT_DIR/race" \
+    --title "Pong-v5, env=pong on one GPU ($DEVICE; $SIZES)" || return 1
+  {
+    echo "# GPU Pong ($(date -u +%FT%TZ), $(hostname))"
+    echo
+    echo "Command: python -m sample_fast.train env=pong env.backend=ale run.device=$DEVICE run.time_limit_s=$LIMIT_S $SIZES"
+    echo
+    cat "$OUT_DIR/race.md"
+  } > "$OUT_DIR/summary.md"
+}
+
+# name:timeout_s, in run order; the Pong run's limit is its own time limit plus start-up and the final checkpoint.
+ALL_SECTIONS="setup:120 sanity:60 pong:$((LIMIT_S + 90)) report:60"
+
+PY=python3
+status=0
+for entry in $ALL_SECTIONS; do
+  name=${entry%%:*}
+  limit=${entry##*:}
+  t0=$(date +%s)
+  echo "=== [$name] start $(date -u +%T), timeout ${limit}s"
+  export -f "section_$name"
+  export PY REPO OUT_DIR WHEELS PY_FILE SITE RUN_DIR DEVICE LIMIT_S SIZES OFFLINE_WHEELS SDIST_WHEELS
+  # SIGINT first: the trainer writes its final checkpoint and progress rows, then exits
+  timeout --signal=INT --kill-after=30 "$limit" bash -c "section_$name"
+  rc=$?
+  echo "=== [$name] rc=$rc after $(( $(date +%s) - t0 ))s"
+  if [ "$name" = setup ]; then
+    [ $rc -eq 0 ] || { echo "setup failed; the other sections need it. Stopping."; exit 1; }
+    PY="$(cat "$PY_FILE")"
+    [ -d "$SITE" ] && export PYTHONPATH="$SITE"
+  fi
+  [ $rc -eq 0 ] || status=1
+done
+echo "gpu_pong: done $(date -u +%FT%TZ); results in $OUT_DIR"
+exit $status
