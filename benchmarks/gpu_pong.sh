@@ -7,6 +7,7 @@
 # RTX 3090, without sticky actions; env=pong keeps the v5 default of 0.25). About 9 minutes from a fresh machine.
 #
 #   bash benchmarks/gpu_pong.sh --fetch-wheels     # HERE, with pip access: the wheels the GPU image lacks -> .whl/
+#                                                  # (benchmarks/gpu_setup.sh: one set for every GPU script)
 #   bash benchmarks/gpu_pong.sh                    # THERE, from the repo root (device tool: carry .whl); $OUT or
 #                                                  # benchmarks/results/gpu_pong-<date>/ gets the results
 #   GPU_PONG_SMOKE=1 bash benchmarks/gpu_pong.sh   # the same sections on the CPU with tiny sizes (~1 minute)
@@ -25,25 +26,10 @@ WHEELS="${GPU_PONG_WHEELS:-$REPO/.whl}"
 RUN_DIR="${GPU_PONG_RUN_DIR:-/tmp/sf-gpu-pong-run}"  # checkpoints and TensorBoard stay out of $OUT (8 files)
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 MUJOCO_GL=egl
 
-# Wheels the H200 image lacks (it has torch 2.11 CUDA, numpy, numba, matplotlib, tensorboard, rich, cloudpickle,
-# pyyaml, packaging, zipp); Python 3.12, x86-64. antlr4-python3-runtime has no wheel on PyPI: built here (pure Python).
-OFFLINE_WHEELS="ale-py==0.12.1 hydra-core==1.3.8 omegaconf==2.3.1 gymnasium==1.4.0 farama-notifications==0.0.6
-  tensordict==0.14.3 pyvers==0.2.3 orjson==3.13.0 importlib-metadata==10.2.0"
-SDIST_WHEELS="antlr4-python3-runtime==4.9.3"
-
+# shellcheck source=benchmarks/gpu_setup.sh
+. "$REPO/benchmarks/gpu_setup.sh"
 if [ "${1:-}" = "--fetch-wheels" ]; then
-  mkdir -p "$WHEELS"
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
-  PIP="${PYTHON:-python3} -m pip"
-  for w in $OFFLINE_WHEELS; do
-    $PIP download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "$w" || echo "could not fetch $w"
-  done
-  for w in $SDIST_WHEELS; do
-    $PIP wheel -q --no-deps -w "$WHEELS" "$w" || echo "could not build $w"
-  done
-  du -sh "$WHEELS"
+  gpu_fetch_wheels "$WHEELS"
   exit 0
 fi
 
@@ -59,36 +45,22 @@ else
 fi
 
 PY_FILE=/tmp/sf-pong-python
-SITE=/tmp/sf-pong-site  # the wheels and this project, installed with --target: see section_setup
+SITE=/tmp/sf-gpu-site  # the wheels and this project, installed with --target (benchmarks/gpu_setup.sh)
 section_setup() {
-  # The GPU image's python3 is itself a virtualenv (/opt/torch/.venv): a venv made from it with
-  # --system-site-packages would see the base interpreter's packages, not its torch. So everything this run needs
-  # goes into one --target folder on PYTHONPATH (the device tool's own advice), the project included (a plain,
-  # non-editable install: its package-dir mapping puts envs/ at sample_fast.envs).
-  local PY=${GPU_PONG_PYTHON:-python3}
   if [ -n "${SF_PYTHON:-}" ]; then
     rm -rf "$SITE"; echo "$SF_PYTHON" > "$PY_FILE"; echo "setup: using \$SF_PYTHON=$SF_PYTHON as is"; return 0
   fi
   if [ "${GPU_PONG_SMOKE:-0}" = "1" ] && [ "${GPU_PONG_SETUP:-}" != "wheels" ] && [ -x "$REPO/.venv/bin/python" ]; then
-    rm -rf "$SITE"; echo "$REPO/.venv/bin/python" > "$PY_FILE"; echo "setup: the smoke run uses .venv (scripts/setup.sh)"; return 0
+    rm -rf "$SITE"; echo "$REPO/.venv/bin/python" > "$PY_FILE"; echo "setup: the smoke run uses .venv (scripts/setup.sh)"
+    return 0
   fi
-  "$PY" -c "import torch" || { echo "setup: $PY has no torch"; return 1; }
-  rm -rf "$SITE"
-  local pip=("$PY" -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE")
-  if [ -d "$WHEELS" ]; then
-    "${pip[@]}" --no-index "$WHEELS"/*.whl "$REPO" || return 1
-  else  # a machine with pip access
-    # shellcheck disable=SC2086  # lists of requirements
-    "${pip[@]}" $OFFLINE_WHEELS $SDIST_WHEELS "$REPO" || return 1
-  fi
-  rm -rf "$REPO/build" "$REPO/sample_fast.egg-info"  # the in-tree build's leftovers
-  echo "$PY" > "$PY_FILE"
-  echo "setup: using $PY with PYTHONPATH=$SITE"
+  local py=${GPU_PONG_PYTHON:-python3}
+  gpu_install_site "$py" "$SITE" "$WHEELS" "$REPO" && echo "$py" > "$PY_FILE"
 }
 
 section_sanity() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT_DIR/gpu.csv" 2>/dev/null || true
-  cd /tmp || return 1  # not the repo: see section_setup
+  cd /tmp || return 1  # not the repo (benchmarks/gpu_setup.sh)
   "$PY" - "$DEVICE" <<'EOF'
 import sys, time
 import torch
@@ -107,7 +79,7 @@ EOF
 }
 
 section_pong() {
-  rm -rf "$RUN_DIR" && mkdir -p "$RUN_DIR" && cd "$RUN_DIR" || return 1  # not the repo: see section_setup
+  rm -rf "$RUN_DIR" && mkdir -p "$RUN_DIR" && cd "$RUN_DIR" || return 1  # not the repo (gpu_setup.sh)
   # shellcheck disable=SC2086  # SIZES is a list of overrides
   "$PY" -m sample_fast.train env=pong env.backend=ale run.device="$DEVICE" run.dir="$RUN_DIR" \
     run.time_limit_s="$LIMIT_S" logging.progress=plain logging.tensorboard=false $SIZES
@@ -138,8 +110,8 @@ for entry in $ALL_SECTIONS; do
   limit=${entry##*:}
   t0=$(date +%s)
   echo "=== [$name] start $(date -u +%T), timeout ${limit}s"
-  export -f "section_$name"
-  export PY REPO OUT_DIR WHEELS PY_FILE SITE RUN_DIR DEVICE LIMIT_S SIZES OFFLINE_WHEELS SDIST_WHEELS
+  export -f "section_$name" gpu_install_site
+  export PY REPO OUT_DIR WHEELS PY_FILE SITE RUN_DIR DEVICE LIMIT_S SIZES GPU_WHEELS
   # SIGINT first: the trainer writes its final checkpoint and progress rows, then exits
   timeout --signal=INT --kill-after=30 "$limit" bash -c "section_$name"
   rc=$?

@@ -10,10 +10,12 @@
 #
 # Python set-up (section "setup"), first that applies:
 #   1. $SF_PYTHON is set: use that interpreter as is.
-#   2. python3 already has a CUDA jax and a CUDA torch (the H200 image): a venv with --system-site-packages on top,
-#      adding only mujoco, mujoco-mjx and gymnasium -- from .whl/ when it exists (offline machines), else from PyPI.
-#   3. otherwise: a fresh venv with pip: jax[cuda12], torch (CUDA build), mujoco, mujoco-mjx, numba, numba-cuda.
-#   The project itself is always added with `pip install -e . --no-deps`.
+#   2. python3 already has a CUDA jax and a CUDA torch (the H200 image): the wheels it lacks -- from .whl/ when it
+#      exists (offline machines; `--fetch-wheels` here), else from PyPI -- and this project go into one --target
+#      folder on PYTHONPATH (benchmarks/gpu_setup.sh; the image's python3 is itself a venv, so a
+#      --system-site-packages venv made from it would not see its torch and jax).
+#   3. otherwise: a fresh venv with pip: jax[cuda12], torch (CUDA build), mujoco, mujoco-mjx, numba, numba-cuda, and
+#      the project with `pip install -e . --no-deps`.
 #
 # Adding a section (other components): write a function `section_<name>` below and add <name> to ALL_SECTIONS with
 # its timeout in seconds; keep the sum of timeouts under 570 s. Use "$PY" and write results under "$OUT_DIR".
@@ -30,19 +32,12 @@ export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-/tmp/sf-jax-cache}"
 
-# Wheels the H200 image lacks (it has jax, torch, numba, numba-cuda, scipy, absl-py, etils, fsspec, zipp).
-OFFLINE_WHEELS="mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0 mujoco-mjx==3.17.0 gymnasium==1.4.0
-  farama-notifications==0.0.6 glfw==2.11.0 pyopengl==3.1.10 trimesh==5.2.0 websockets==17.4"
-
+# The wheels the H200 image lacks, and their install: benchmarks/gpu_setup.sh (shared by every GPU script).
+# shellcheck source=benchmarks/gpu_setup.sh
+. "$REPO/benchmarks/gpu_setup.sh"
+SITE=/tmp/sf-gpu-site
 if [ "${1:-}" = "--fetch-wheels" ]; then
-  mkdir -p "$WHEELS"
-  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
-  for w in $OFFLINE_WHEELS; do
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" "$w" || echo "could not fetch $w"
-  done
-  du -sh "$WHEELS"
+  gpu_fetch_wheels "$WHEELS"
   exit 0
 fi
 
@@ -55,28 +50,24 @@ PY_FILE=/tmp/sf-gpu-python  # the setup section (a child process under timeout) 
 
 section_setup() {
   local PY
+  rm -rf "$SITE"
   if [ -n "${SF_PYTHON:-}" ]; then
     echo "$SF_PYTHON" > "$PY_FILE"
     echo "setup: using \$SF_PYTHON=$SF_PYTHON as is"
     return 0
   elif python3 -c "import jax, torch; assert jax.devices('gpu') and torch.cuda.is_available()" 2>/dev/null; then
-    echo "setup: python3 has CUDA jax + torch; venv with system site-packages at $VENV"
-    python3 -m venv --system-site-packages "$VENV" || return 1
-    PY="$VENV/bin/python"
-    if [ -d "$WHEELS" ]; then
-      "$PY" -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl || return 1
-    else
-      "$PY" -m pip install -q mujoco mujoco-mjx gymnasium || return 1
-    fi
-  else
-    # jax 0.10's CUDA wheels: extras cuda13 (current; matches PyPI's default Linux torch, built for CUDA 13) and
-    # cuda12 (older drivers). PyPI's Linux torch wheel is the CUDA build.
-    echo "setup: building a fresh venv at $VENV (jax[cuda13], CUDA torch, mujoco-mjx, numba)"
-    python3 -m venv "$VENV" || return 1
-    PY="$VENV/bin/python"
-    "$PY" -m pip install -q "jax[cuda13]==0.10.2" || "$PY" -m pip install -q "jax[cuda12]==0.10.2" || return 1
-    "$PY" -m pip install -q torch mujoco mujoco-mjx gymnasium numba numba-cuda pytest pytest-timeout || return 1
+    echo "setup: python3 has CUDA jax + torch; the rest into $SITE"
+    gpu_install_site python3 "$SITE" "$WHEELS" "$REPO" || return 1
+    echo python3 > "$PY_FILE"
+    return 0
   fi
+  # jax 0.10's CUDA wheels: extras cuda13 (current; matches PyPI's default Linux torch, built for CUDA 13) and
+  # cuda12 (older drivers). PyPI's Linux torch wheel is the CUDA build.
+  echo "setup: building a fresh venv at $VENV (jax[cuda13], CUDA torch, mujoco-mjx, numba)"
+  python3 -m venv "$VENV" || return 1
+  PY="$VENV/bin/python"
+  "$PY" -m pip install -q "jax[cuda13]==0.10.2" || "$PY" -m pip install -q "jax[cuda12]==0.10.2" || return 1
+  "$PY" -m pip install -q torch mujoco mujoco-mjx gymnasium numba numba-cuda pytest pytest-timeout || return 1
   "$PY" -m pip install -q --no-deps --no-build-isolation -e "$REPO" || return 1
   echo "$PY" > "$PY_FILE"
   echo "setup: using $PY"
@@ -84,6 +75,7 @@ section_setup() {
 
 section_sanity() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  cd /tmp || return 1  # not the repo: its ./sample_fast would shadow the installed copy (benchmarks/gpu_setup.sh)
   "$PY" - <<'EOF'
 import jax, torch, mujoco
 from mujoco import mjx  # noqa: F401
@@ -116,12 +108,13 @@ run_section() {
   local name=$1 limit=$2 t0 rc
   t0=$(date +%s)
   echo "=== [$name] start $(date -u +%T), timeout ${limit}s"
-  export -f "section_$name"
-  export PY REPO OUT_DIR VENV WHEELS PY_FILE
+  export -f "section_$name" gpu_install_site
+  export PY REPO OUT_DIR VENV WHEELS PY_FILE SITE GPU_WHEELS
   timeout --kill-after=10 "$limit" bash -c "section_$name"
   rc=$?
   if [ "$name" = setup ] && [ $rc -eq 0 ]; then
     PY="$(cat "$PY_FILE")"
+    [ -d "$SITE" ] && export PYTHONPATH="$SITE"
   fi
   echo "=== [$name] rc=$rc after $(( $(date +%s) - t0 ))s"
   return $rc

@@ -4,19 +4,42 @@
 # device simulator (mjx, warp), then the advantage kernels on CUDA. Every section has its own timeout (SIGINT first,
 # so the suite writes what it measured, then SIGKILL), so one hang cannot eat the budget; the timeouts add up to
 # 530 s. Rows carry steps/s, compile_s and GPU memory (gpu_mem_used_gib: the driver's used memory, all allocators).
-#   bash benchmarks/gpu_suite.sh                    # on a CUDA machine; results in $OUT or benchmarks/results/gpu-<date>-<host>
+#   bash benchmarks/gpu_suite.sh                    # on a CUDA machine; results in $OUT (gpu_suite.md + an archive)
+#                                                   # or benchmarks/results/gpu-<date>-<host>/
 #   GPU_SUITE_SMOKE=1 bash benchmarks/gpu_suite.sh  # the same script on the CPU with tiny sizes (proves it works)
 #   GPU_SUITE_BACKENDS=warp bash benchmarks/gpu_suite.sh   # one device simulator only (default: "mjx warp")
 # Extra arguments are Hydra overrides passed to every suite section, e.g. `num_envs=[4096,16384]`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-[ -x "$PY" ] || PY=python3
-OUT_DIR=${OUT:-benchmarks/results/gpu-$(date -u +%Y-%m-%d)-$(hostname)}
+REPO=$(pwd)
+# With $OUT (the device tool, which brings back at most 8 files, 2 folders down) the sections write to a work folder,
+# and $OUT gets gpu_suite.md plus one archive of every result file (no kernel cache, no checkpoints).
+OUT_DIR=${OUT:+/tmp/sf-gpu-suite}
+OUT_DIR=${OUT_DIR:-$REPO/benchmarks/results/gpu-$(date -u +%Y-%m-%d)-$(hostname)}
 mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+# Python: $PYTHON, else the project's .venv (scripts/setup.sh), else -- the lent GPU machine, where neither exists --
+# python3 with the carried wheels (.whl/, `bash benchmarks/gpu_pong.sh --fetch-wheels` here) and this project
+# installed into one folder on PYTHONPATH (benchmarks/gpu_setup.sh). The sections run from $OUT_DIR, not the repo,
+# whose ./sample_fast would shadow that installed copy.
+PY=${PYTHON:-$REPO/.venv/bin/python}
+if [ ! -x "$PY" ]; then
+  # shellcheck source=benchmarks/gpu_setup.sh
+  . "$REPO/benchmarks/gpu_setup.sh"
+  PY=python3
+  gpu_install_site "$PY" /tmp/sf-gpu-site "$REPO/.whl" "$REPO" || { echo "gpu_suite: set-up failed"; exit 1; }
+  export PYTHONPATH=/tmp/sf-gpu-site
+fi
+cd "$OUT_DIR" || exit 1
 export MUJOCO_GL=${MUJOCO_GL:-egl}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false   # JAX and torch share the GPU: no 75% grab by JAX
 BACKENDS=${GPU_SUITE_BACKENDS:-mjx warp}
+if [[ " $BACKENDS " == *" warp "* ]] && ! "$PY" -c "import warp" 2>/dev/null; then
+  # warp-lang's wheel (149 MB) is more than the device tool carries in one call (64 MiB): no warp there unless the
+  # machine has it
+  echo "gpu_suite: warp does not import here; its sections are skipped"
+  BACKENDS=${BACKENDS//warp/}
+fi
 # Warp's kernel cache for this run: empty at first, so the compile section measures a cold compile and fills it for
 # every later section (each suite case is a fresh process that loads the kernels from it).
 WARP_CACHE=${WARP_CACHE:-$OUT_DIR/warp-kernels}
@@ -51,7 +74,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
 if [[ " $BACKENDS " == *" warp "* ]]; then
   mkdir -p "$WARP_CACHE"
   # shellcheck disable=SC2086  # WARP_ARGS is a list of arguments
-  section "warp kernel compile" "$T_WARP" "$PY" benchmarks/bench_warp.py $WARP_ARGS --cache-dir "$WARP_CACHE" \
+  section "warp kernel compile" "$T_WARP" "$PY" "$REPO/benchmarks/bench_warp.py" $WARP_ARGS --cache-dir "$WARP_CACHE" \
     --out "$OUT_DIR" --name warp_compile
 fi
 for stage in env inference train; do
@@ -64,9 +87,9 @@ for stage in env inference train; do
       "title=sample_fast GPU suite: $stage stage on $backend" progress=false $SIZES "$@"
   done
 done
-if [ -f benchmarks/bench_advantages.py ]; then
+if [ -f "$REPO/benchmarks/bench_advantages.py" ]; then
   # shellcheck disable=SC2086
-  section "advantage kernels" "$T_ADV" "$PY" benchmarks/bench_advantages.py $ADV_ARGS
+  section "advantage kernels" "$T_ADV" "$PY" "$REPO/benchmarks/bench_advantages.py" $ADV_ARGS
 else
   echo "gpu_suite: benchmarks/bench_advantages.py not found; advantage kernels skipped"
 fi
@@ -103,5 +126,10 @@ fi
     [ -f "$f" ] && { cat "$f"; echo; }
   done
 } > "$OUT_DIR/gpu_suite.md"
+if [ -n "${OUT:-}" ]; then
+  cp "$OUT_DIR/gpu_suite.md" "$OUT/"
+  tar czf "$OUT/gpu_suite_files.tar.gz" --exclude=warp-kernels --exclude=checkpoints --exclude='*.pt' -C "$OUT_DIR" .
+  OUT_DIR=$OUT
+fi
 echo "gpu_suite: results in $OUT_DIR (summary: $OUT_DIR/gpu_suite.md)"
 exit $status
