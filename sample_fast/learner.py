@@ -216,6 +216,17 @@ class ReturnScaler:
         self.count, self.mean, self.var = float(state["count"]), float(state["mean"]), float(state["var"])
 
 
+def _fused_ok(params: list[Tensor]) -> bool:
+    """Whether torch's fused Adam takes these parameters: floating point, on the CPU or one CUDA device."""
+    devices = {p.device for p in params}
+    return (
+        bool(params)
+        and all(p.is_floating_point() for p in params)
+        and len(devices) == 1
+        and next(iter(devices)).type in ("cpu", "cuda")
+    )
+
+
 class Learner:
     """APPO: per ``train(batch)`` call, ``num_epochs`` passes of ``num_minibatches`` Adam steps on a ``[T, B]`` batch.
 
@@ -248,7 +259,9 @@ class Learner:
         self.total_env_steps = total_env_steps
         self.vtrace_fn = vtrace_fn
         self.params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps)
+        # PERF: torch's fused Adam: one kernel over every tensor instead of the foreach default's few per tensor
+        # (benchmarks/results/adam_cpu.md); the same update to float rounding.
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=cfg.adam_eps, fused=_fused_ok(self.params))
         self.reward_scaler = ReturnScaler(cfg.gamma)
         self.generator = torch.Generator()  # CPU: permutations are drawn on the host and moved once per epoch
         self.generator.manual_seed(cfg.seed)

@@ -627,3 +627,24 @@ def test_learns_toy_env_on_cuda_with_bf16():
         metrics = learner.train(batch)
         assert math.isfinite(metrics["policy_loss"]) and metrics["nonfinite_skips"] == 0
     assert deterministic_return(env, policy) > 14.0
+
+
+def test_the_fused_adam_step_is_torchs_default_adam_to_rounding():
+    # Learner uses torch's fused Adam (one kernel over every tensor; benchmarks/results/adam_cpu.md): the same update
+    # as the default foreach implementation, the reference here, in float64 (round-off far below the test)
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL).double()
+    cfg = LearnerConfig(num_epochs=2, num_minibatches=2)
+    fused, reference = Learner(copy.deepcopy(policy), cfg), Learner(copy.deepcopy(policy), cfg)
+    assert fused.optimizer.defaults["fused"]
+    reference.optimizer = torch.optim.Adam(reference.params, lr=cfg.lr, eps=cfg.adam_eps, foreach=True)
+    before = params_of(fused.policy)
+    for seed in range(3):
+        batch = make_batch(policy, seed=seed).apply(lambda t: t.double() if t.is_floating_point() else t)
+        fused.train(batch.clone())
+        reference.train(batch.clone())
+    moved = max((a - b).abs().max().item() for a, b in zip(params_of(fused.policy), before, strict=True))
+    gap = max((a - b).abs().max().item()
+              for a, b in zip(params_of(fused.policy), params_of(reference.policy), strict=True))  # fmt: skip
+    assert fused.num_updates == reference.num_updates == 12
+    assert moved > 1e-3 and gap < 1e-9 * moved  # the weights moved; both implementations agree to round-off
