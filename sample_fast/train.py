@@ -34,13 +34,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from . import __version__
+from . import __version__, distributed
 from .checkpoint import rng_state
 from .config import ConfigError, TrainConfig, resolve, run_dir
 from .wiring import build_env, build_learner, build_policy, check_store_fits, probe_slot_shape
@@ -450,47 +450,82 @@ def train(cfg_in: DictConfig | TrainConfig, stopper: StopOnSignals | None = None
 
 def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> dict:
     """``train`` after the config is resolved; ``sync``: the distributed group (None: one process). Only the writer
-    (rank 0) touches the run directory; the other ranks take its resume state by broadcast."""
-    from . import distributed
+    (rank 0) touches the run directory; the other ranks take its resume state by broadcast. The steps: open the run
+    directory and find the resume state, record the start (run files, seeds), wire the components, run, report."""
     from .inject import Injector, parse_faults
 
     writer = sync is None or sync.rank == 0
-
     injector = Injector(parse_faults(cfg.debug.inject))
     if injector:
         log.warning("debug.inject=%s: these faults will be injected into this run", cfg.debug.inject)
     Runner = import_runner()
-    from .checkpoint import CheckpointManager
-    from .logger import ProgressLogger
-    from .runner import SamplerError
-    from .trajectory_store import SharedMemoryTooSmall
-
-    ckpt = latest = resume_state = None
-    if writer:
-        try:
-            if cfg.restart and os.path.exists(rdir) and os.listdir(rdir):
-                print(f"restart=true: moved the previous run to {move_aside(rdir)}", file=sys.stderr)
-            ckpt = CheckpointManager(rdir, keep_last=cfg.run.keep_checkpoints)  # <rdir>/checkpoints
-        except OSError as e:
-            raise RunFailed(f"cannot prepare the run directory {e.filename or rdir}: {describe_os_error(e)}; "
-                            "pick a writable run.dir") from None  # fmt: skip
-
+    ckpt, latest = _open_run_dir(cfg, rdir) if writer else (None, None)
     torch.set_num_threads(cfg.runner.learner_threads)
-    if writer:
-        # the newest intact state, best.pt included; a corrupt file is renamed aside (*.corrupt) with a warning
-        latest = ckpt.load_resume()
-        resume_state = latest[0] if latest is not None else None
-        if latest is None and (ckpt.checkpoints() or ckpt.corrupt_files()):
-            raise RunFailed(
-                f"no intact checkpoint in {ckpt.dir} (the unreadable ones are renamed *.corrupt); pass restart=true "
-                "to start over (the old run is moved aside)"
-            )
+    resume_state = latest[0] if latest is not None else None
     if sync is not None:  # rank 0's resume state (or None) on every rank: the run dir need not be shared
         resume_state = sync.broadcast_object(resume_state)
     start_env_steps = int(resume_state["env_steps"]) if resume_state else 0
-    start_wall_s = float(resume_state.get("wall_s", 0.0)) if resume_state else 0.0
-    rank = sync.rank if sync is not None else 0
-    sampler_seed = distributed.rank_seed(cfg.sampler.seed, rank) + start_env_steps
+    _record_start(cfg, rdir, sync, resume_state, start_env_steps, latest)
+    wiring = _wire(cfg, sync, resume_state, start_env_steps)
+    logger, hooks = _progress(cfg, rdir, ckpt, sync, resume_state, start_env_steps, stopper, injector)
+    dist_hooks = distributed.DistHooks(hooks, sync, start_env_steps, cfg.run.time_limit_s) if sync else None
+    summary: dict = {"env_steps": start_env_steps, "reason": "stop_requested"}
+    if start_env_steps >= cfg.run.total_env_steps:
+        logger.close(None)
+        print(
+            f"{rdir} already has {start_env_steps} >= run.total_env_steps={cfg.run.total_env_steps} env steps; "
+            "raise run.total_env_steps to train further",
+            file=sys.stderr,
+        )
+        return {"env_steps": start_env_steps, "run_dir": rdir, "reason": "total_env_steps", "stop_signal": None}
+    if stopper.received and sync is None:  # a signal during start-up (config, resume, spec probe): nothing started
+        # (distributed: the ranks agree on the stop after their first update instead)
+        logger.close(None)
+        _say(f"{stopper.received[0]} received before training started: nothing to save")
+        return {**summary, "run_dir": rdir, "stop_signal": stopper.received[0], "final_checkpoint": None}
+    summary = _run(
+        cfg, Runner, wiring, sync, resume_state, start_env_steps, logger, hooks, dist_hooks, stopper, injector
+    )
+    summary.update(run_dir=rdir, final_checkpoint=hooks.last_saved_path if hooks.final_saved else None)
+    summary["stop_signal"] = (
+        stopper.received[0] if summary.get("reason") == "stop_requested" and stopper.received else None
+    )
+    if hooks.fatal is not None:
+        raise RunFailed(hooks.fatal)
+    if writer:
+        _report(summary, hooks, logger, rdir)
+    return summary
+
+
+def _open_run_dir(cfg: TrainConfig, rdir: str) -> tuple[Any, Any]:
+    """The writer's checkpoint manager for ``rdir`` (moving an old run aside with ``restart``) and the newest intact
+    checkpoint ``(state, path)`` to resume from, or None. RunFailed where the directory cannot be written, or where
+    it holds checkpoints but none is intact."""
+    from .checkpoint import CheckpointManager
+
+    try:
+        if cfg.restart and os.path.exists(rdir) and os.listdir(rdir):
+            print(f"restart=true: moved the previous run to {move_aside(rdir)}", file=sys.stderr)
+        ckpt = CheckpointManager(rdir, keep_last=cfg.run.keep_checkpoints)  # <rdir>/checkpoints
+    except OSError as e:
+        raise RunFailed(f"cannot prepare the run directory {e.filename or rdir}: {describe_os_error(e)}; "
+                        "pick a writable run.dir") from None  # fmt: skip
+    # the newest intact state, best.pt included; a corrupt file is renamed aside (*.corrupt) with a warning
+    latest = ckpt.load_resume()
+    if latest is None and (ckpt.checkpoints() or ckpt.corrupt_files()):
+        raise RunFailed(
+            f"no intact checkpoint in {ckpt.dir} (the unreadable ones are renamed *.corrupt); pass restart=true "
+            "to start over (the old run is moved aside)"
+        )
+    return ckpt, latest
+
+
+def _record_start(
+    cfg: TrainConfig, rdir: str, sync: Any, resume_state: dict | None, start_env_steps: int, latest: Any
+) -> None:  # fmt: skip
+    """The writer's run files (config.yaml, meta.json with each rank's seeds), then the seeds, except on a resuming
+    writer (it restores its RNGs from the checkpoint)."""
+    writer = sync is None or sync.rank == 0
     if writer:
         extra = None
         if sync is not None:  # what each rank seeds (rank r computes the same from run.seed and its rank)
@@ -514,6 +549,24 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
         np.random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
 
+
+class _Wiring(NamedTuple):
+    """What the Runner is built from (``_wire``)."""
+
+    env_fn: Any
+    policy_fn: Any
+    learner_fn: Any
+    sampler_cfg: Any
+    slot_shape: Any
+
+
+def _wire(cfg: TrainConfig, sync: Any, resume_state: dict | None, start_env_steps: int) -> _Wiring:
+    """The component factories (``sample_fast.wiring``): the env and an acting policy copy are built wherever the
+    sampler runs (a child process in async mode); the learner and its policy in this process, with the resumed
+    state. One 1-env CPU probe gives the specs and slot sizes; in async mode the shared slots must fit in /dev/shm
+    (RunFailed naming the fix, before any component or process exists)."""
+    from .trajectory_store import SharedMemoryTooSmall
+
     per_split = cfg.env.num_envs // cfg.sampler.num_splits
     slot_shape = probe_slot_shape(cfg.env, per_split)  # one 1-env CPU probe: the specs and the slot sizes
     obs_spec, act_spec = slot_shape.observation_spec, slot_shape.action_spec
@@ -522,12 +575,13 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
             check_store_fits(slot_shape, cfg.sampler)
         except SharedMemoryTooSmall as e:
             raise RunFailed(str(e)) from None
-    # Wiring: the env and an acting policy copy are built wherever the sampler runs (a child process in async mode);
-    # the learner and its policy are built here, in the main process, with the resumed state.
     env_fn = functools.partial(build_env, cfg.env, per_split)
     policy_fn = functools.partial(build_policy, obs_spec, act_spec, cfg.policy)
-    # a resumed run resets its envs with fresh seeds rather than replaying the first episodes' initial states
-    sampler_cfg = dataclasses.replace(cfg.sampler, seed=sampler_seed)  # distributed: each rank its own
+    # a resumed run resets its envs with fresh seeds rather than replaying the first episodes' initial states;
+    # distributed: each rank its own
+    rank = sync.rank if sync is not None else 0
+    sampler_seed = distributed.rank_seed(cfg.sampler.seed, rank) + start_env_steps
+    sampler_cfg = dataclasses.replace(cfg.sampler, seed=sampler_seed)
     learner_fn = functools.partial(
         build_learner,
         learner_cfg=cfg.learner,
@@ -539,37 +593,42 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
     if sync is not None:  # rank 0's weights on every rank, the collectives in the learner, per-rank seeds
         inner_fn, seed = learner_fn, cfg.run.seed + start_env_steps * bool(resume_state)
         learner_fn = lambda policy: distributed.attach_learner(sync, inner_fn(policy), seed, resume_state is not None)  # noqa: E731
-    if writer:
-        logger = ProgressLogger(
-            rdir, cfg.logging, cfg.run.total_env_steps, start_env_steps, start_wall_s,
-            start_state=resume_state.get("logger") if resume_state else None,
-        )  # fmt: skip
-        hooks = TrainHooks(cfg, ckpt, logger, start_env_steps, stopper=stopper, injector=injector)
-    else:  # ranks > 0 write nothing
-        logger, hooks = distributed.NullLogger(), distributed.FollowerHooks(start_env_steps)
-    dist_hooks = distributed.DistHooks(hooks, sync, start_env_steps, cfg.run.time_limit_s) if sync else None
-    summary: dict = {"env_steps": start_env_steps, "reason": "stop_requested"}
-    if start_env_steps >= cfg.run.total_env_steps:
-        logger.close(None)
-        print(
-            f"{rdir} already has {start_env_steps} >= run.total_env_steps={cfg.run.total_env_steps} env steps; "
-            "raise run.total_env_steps to train further",
-            file=sys.stderr,
-        )
-        return {"env_steps": start_env_steps, "run_dir": rdir, "reason": "total_env_steps", "stop_signal": None}
-    if stopper.received and sync is None:  # a signal during start-up (config, resume, spec probe): nothing started
-        # (distributed: the ranks agree on the stop after their first update instead)
-        logger.close(None)
-        _say(f"{stopper.received[0]} received before training started: nothing to save")
-        return {**summary, "run_dir": rdir, "stop_signal": stopper.received[0], "final_checkpoint": None}
+    return _Wiring(env_fn, policy_fn, learner_fn, sampler_cfg, slot_shape)
+
+
+def _progress(
+    cfg: TrainConfig, rdir: str, ckpt: Any, sync: Any, resume_state: dict | None, start_env_steps: int,
+    stopper: StopOnSignals, injector: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    """The writer's progress logger and hooks (checkpoints, stop handling); ranks > 0 write nothing."""
+    from .logger import ProgressLogger
+
+    if sync is not None and sync.rank > 0:
+        return distributed.NullLogger(), distributed.FollowerHooks(start_env_steps)
+    start_wall_s = float(resume_state.get("wall_s", 0.0)) if resume_state else 0.0
+    logger = ProgressLogger(
+        rdir, cfg.logging, cfg.run.total_env_steps, start_env_steps, start_wall_s,
+        start_state=resume_state.get("logger") if resume_state else None,
+    )  # fmt: skip
+    return logger, TrainHooks(cfg, ckpt, logger, start_env_steps, stopper=stopper, injector=injector)
+
+
+def _run(
+    cfg: TrainConfig, Runner: Any, wiring: _Wiring, sync: Any, resume_state: dict | None, start_env_steps: int,
+    logger: Any, hooks: Any, dist_hooks: Any, stopper: StopOnSignals, injector: Any,
+) -> dict:  # fmt: skip
+    """Build the Runner and run it; its summary. A second Ctrl-C, or a sampler that could not be replaced, comes out
+    as KeyboardInterrupt / RunFailed with what is on disk; the logger is closed on every way out."""
+    from .runner import SamplerError
 
     try:
         sampler_rng = resume_state.get("sampler_rng") if resume_state is not None else None
         if sync is not None and sync.rank > 0:
             sampler_rng = None  # rank 0's action-noise stream is rank 0's: this rank draws its own
         runner = Runner(
-            env_fn, policy_fn, learner_fn, sampler_cfg, cfg.runner, mode=cfg.run.mode, hooks=dist_hooks or hooks,
-            sampler_rng_state=sampler_rng, sampler_hook=injector.sampler_hook(), slot_shape=slot_shape,
+            wiring.env_fn, wiring.policy_fn, wiring.learner_fn, wiring.sampler_cfg, cfg.runner, mode=cfg.run.mode,
+            hooks=dist_hooks or hooks, sampler_rng_state=sampler_rng, sampler_hook=injector.sampler_hook(),
+            slot_shape=wiring.slot_shape,
         )  # fmt: skip
         # distributed: the stopper and the hooks ask through the proxy, so that every rank stops after one update
         hooks.runner = dist_hooks.proxy(runner) if dist_hooks else runner
@@ -595,15 +654,11 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
         # no-op when on_stop already closed it; without a runner there is no new row to write
         logger.close(hooks.env_steps if hooks.runner is not None else None, plot=not stopper.forced)
         stopper.runner = None
-    summary = dict(summary or {})
-    summary.update(run_dir=rdir, final_checkpoint=hooks.last_saved_path if hooks.final_saved else None)
-    summary["stop_signal"] = (
-        stopper.received[0] if summary.get("reason") == "stop_requested" and stopper.received else None
-    )
-    if hooks.fatal is not None:
-        raise RunFailed(hooks.fatal)
-    if not writer:
-        return summary
+    return dict(summary or {})
+
+
+def _report(summary: dict, hooks: Any, logger: Any, rdir: str) -> None:
+    """The writer's last line: how the run ended, the mean return, and how to go on."""
     ret = logger.episode_return_mean()
     if summary["stop_signal"]:
         from .cli import exit_status_for_signal
@@ -615,7 +670,6 @@ def _train(cfg: TrainConfig, rdir: str, stopper: StopOnSignals, sync: Any) -> di
         )
     else:
         _say(f"done: {hooks.env_steps} env steps, mean return {ret:.2f}, run dir {rdir}")
-    return summary
 
 
 def main() -> None:
