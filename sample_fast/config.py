@@ -482,14 +482,30 @@ def resolve(
     launch = _check_distributed(cfg.distributed, environ)
     if launch is not None:  # each rank of this machine sizes itself for its share of the cores
         num_cores = max(1, num_cores // launch.local_world_size)
-    env, run, sampler, log = cfg.env, cfg.run, cfg.sampler, cfg.logging
-
     if cfg.algo not in ALGOS:
         raise ConfigError(f"algo={cfg.algo!r} is unknown; choose one of: {', '.join(ALGOS)}")
-    backend, env_device = _check_env(env, cuda)
-    env.backend, env.device = backend, env_device
+    cfg.env.backend, cfg.env.device = _check_env(cfg.env, cuda)
+    _resolve_run(cfg.run, cfg.env, cuda)
+    if launch is not None:
+        _fit_distributed(cfg, launch)
+    _fit_sizes(cfg, num_cores)
+    _check_learner_sizes(cfg)
+    for section in ("policy", "learner", "replay", "sampler", "runner"):
+        validate = getattr(getattr(cfg, section), "validate", None)
+        if validate is not None:
+            try:
+                validate()
+            except ValueError as e:  # the component's own check; its message names the field
+                raise ConfigError(f"{section}: {e} (set it with {section}.<field>=...)") from None
+    _fit_sampler_device(cfg, _check_policy(cfg), cuda)
+    _check_recurrent(cfg)
+    _check_logging(cfg.logging)
+    return cfg
 
-    # run section
+
+def _resolve_run(run: RunConfig, env: EnvConfig, cuda: bool) -> None:
+    """The ``run`` section checked; its device (auto: CUDA where there is one) and mode (auto: serial with the
+    simulator on the GPU, else async) fitted."""
     steps = run.total_env_steps
     if isinstance(steps, bool) or not isinstance(steps, (int, float)) or not (steps >= 1 and float(steps).is_integer()):
         raise ConfigError(f"run.total_env_steps={steps!r} must be a positive whole number of env steps, e.g. 1e6")
@@ -506,13 +522,13 @@ def resolve(
     if not run.checkpoint_interval_s > 0:
         raise ConfigError(f"run.checkpoint_interval_s={run.checkpoint_interval_s!r} must be > 0 seconds")
     _positive("run.keep_checkpoints", run.keep_checkpoints)
-    sim_on_gpu = torch.device(env.device).type == "cuda"
     if run.mode == "auto":
-        run.mode = "serial" if sim_on_gpu else "async"
-    if launch is not None:
-        _fit_distributed(cfg, launch)
+        run.mode = "serial" if torch.device(env.device).type == "cuda" else "async"
 
-    # sampler and sizes
+
+def _fit_sizes(cfg: TrainConfig, num_cores: int) -> None:
+    """env.num_envs, env.num_threads, runner.learner_threads and sampler.seed fitted where 0/null (see resolve)."""
+    env, run, sampler = cfg.env, cfg.run, cfg.sampler
     _positive("sampler.rollout_len", sampler.rollout_len)
     _positive("sampler.num_splits", sampler.num_splits)
     _positive("env.num_envs", env.num_envs, allow_zero=True)
@@ -521,8 +537,10 @@ def resolve(
         if is_atari_name(env.name):
             per_core = 32 if torch.device(run.device).type == "cuda" else 16
             env.num_envs = _round_up(per_core * num_cores, sampler.num_splits)
+        elif torch.device(env.device).type == "cuda":
+            env.num_envs = 4096
         else:
-            env.num_envs = 4096 if sim_on_gpu else _round_up(64 * num_cores, sampler.num_splits)
+            env.num_envs = _round_up(64 * num_cores, sampler.num_splits)
     if env.num_envs % sampler.num_splits:
         raise ConfigError(
             f"env.num_envs={env.num_envs} must be divisible by sampler.num_splits={sampler.num_splits}; "
@@ -535,8 +553,11 @@ def resolve(
     if sampler.seed is None:
         sampler.seed = run.seed  # split i resets with seed + i
 
-    # learner sizes
-    learner = cfg.learner
+
+def _check_learner_sizes(cfg: TrainConfig) -> None:
+    """learner.num_minibatches divides the batch (the nearest divisor is suggested); replay's segments fit it; the
+    learner's seed is run.seed (run.seed seeds everything)."""
+    learner, sampler, env = cfg.learner, cfg.sampler, cfg.env
     batch = batch_size(cfg)
     num_minibatches = learner.num_minibatches
     _positive("learner.num_minibatches", num_minibatches)
@@ -549,21 +570,12 @@ def resolve(
             f"{env.num_envs // sampler.num_splits}); try learner.num_minibatches={near}"
         )
     _check_replay(cfg.replay, env.num_envs // sampler.num_splits)
-    learner.seed = run.seed  # run.seed seeds everything
-    for section in ("policy", "learner", "replay", "sampler", "runner"):
-        validate = getattr(getattr(cfg, section), "validate", None)
-        if validate is not None:
-            try:
-                validate()
-            except ValueError as e:  # the component's own check; its message names the field
-                raise ConfigError(f"{section}: {e} (set it with {section}.<field>=...)") from None
-    _fit_sampler_device(cfg, _check_policy(cfg), cuda)
-    _check_recurrent(cfg)
+    learner.seed = cfg.run.seed
 
-    # logging
+
+def _check_logging(log: LogConfig) -> None:
     if log.progress not in PROGRESS:
         raise ConfigError(f"logging.progress={log.progress!r} is unknown; choose one of: {', '.join(PROGRESS)}")
     if not log.interval_s > 0:
         raise ConfigError(f"logging.interval_s={log.interval_s!r} must be > 0 seconds")
     _positive("logging.return_window", log.return_window)
-    return cfg
