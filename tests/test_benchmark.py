@@ -432,3 +432,27 @@ def test_gil_switch_interval_is_checked_before_anything_runs():
         with pytest.raises(BenchmarkConfigError, match=r"gil_switch_interval_s must be in \(0, 1\] seconds or null"):
             resolve(BenchmarkConfig(gil_switch_interval_s=bad, out_dir="unused"))
     assert resolve(BenchmarkConfig(gil_switch_interval_s=1e-4, out_dir="unused")).gil_switch_interval_s == 1e-4
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_mid_suite_keeps_what_was_measured(monkeypatch, tmp_path):
+    # rounds=3 of the one toy env case: Ctrl-C during the second round's measurement ends the suite, which still
+    # reports (and would write) the first round's windows instead of losing them
+    import sample_fast.benchmark.suite as suite_mod
+
+    calls = []
+    real = suite_mod.run_case
+
+    def interrupted_on_the_second_call(case, cfg):
+        calls.append(case)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(case, cfg)
+
+    monkeypatch.setattr(suite_mod, "run_case", interrupted_on_the_second_call)
+    cfg = compose_cfg("preset=ci", "rounds=3", "stages=[env]", f"out_dir={tmp_path}")
+    console, buf = quiet_console()
+    rep = run_suite(cfg, console=console, write=False)
+    (r,) = rep["results"]
+    assert len(calls) == 2 and len(r["env_steps_per_s"]["repeats"]) == 1  # round 1 only; round 3 never started
+    assert "interrupted: writing the results measured so far" in buf.getvalue()

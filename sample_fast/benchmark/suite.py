@@ -156,11 +156,23 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
     cases, skipped = plan(cfg)
     for s in skipped:
         console.print(f"[yellow]skip[/] {s['what']}: {s['reason']}")
+    merged, loads = _run_rounds(cases, cfg, console, skipped)
+    results = [_result_dict(case, merged[case], loads[case], cfg) for case in cases if case in merged]
+    report = _report(cfg, machine, quiet, load_before, time.monotonic() - t_start, results, skipped)
+    console.print(summary_table(report), width=max(console.width, 150))
+    if write:
+        paths = write_report(report, cfg.out_dir, cfg.out_name)
+        report["files"] = paths
+        console.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['png']}")
+    return report
 
-    def log_skip(case: Case, reason: str) -> None:
-        skipped.append({"what": case.label(), "reason": reason})
-        console.print(f"[yellow]skip[/] {case.label()}: {reason}")
 
+def _run_rounds(
+    cases: list[Case], cfg: BenchmarkConfig, console: Console, skipped: list[dict[str, str]]
+) -> tuple[dict[Case, CaseResult], dict[Case, list[float | None]]]:
+    """Every case once per round, in plan order: each case's windows pooled over the rounds, and the 1-min load
+    before each of its measurements. A case that is skipped or fails is logged into ``skipped`` and not retried; a
+    backend or peer that cannot import skips its other sizes at once; Ctrl-C stops with what was measured."""
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -171,11 +183,15 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
         disable=not cfg.progress,
         transient=True,
     )
+
+    def log_skip(case: Case, reason: str) -> None:
+        skipped.append({"what": case.label(), "reason": reason})
+        console.print(f"[yellow]skip[/] {case.label()}: {reason}")
+
     unavailable: dict[str, str] = {}  # a backend or peer that failed to import: skip its other sizes quickly
     merged: dict[Case, CaseResult] = {}  # windows of every round, pooled per case
     loads: dict[Case, list[float | None]] = {}
     dropped: set[Case] = set()  # skipped or failed once: not retried in later rounds
-    interrupted = False
     with progress:
         task = progress.add_task("benchmark", total=len(cases) * cfg.rounds)
         for round_idx in range(cfg.rounds):
@@ -204,8 +220,7 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
                     log_skip(case, reason)
                 except KeyboardInterrupt:
                     console.print("[red]interrupted[/]: writing the results measured so far")
-                    interrupted = True
-                    break
+                    return merged, loads
                 except Exception as e:  # one failing case must not lose the others' figures
                     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
                     # First and last line: what failed and (for a child's traceback) the innermost error.
@@ -223,17 +238,22 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
                     line = _result_line(_result_dict(case, res, [load_1min], cfg), _limits(merged))
                     console.print(line + (f" (round {round_idx + 1}/{cfg.rounds})" if cfg.rounds > 1 else ""))
                 progress.advance(task)
-            if interrupted:
-                break
-    results = [_result_dict(case, merged[case], loads[case], cfg) for case in cases if case in merged]
+    return merged, loads
+
+
+def _report(
+    cfg: BenchmarkConfig, machine: dict[str, Any], quiet: dict[str, Any], load_before: Any, wall_s: float,
+    results: list[dict[str, Any]], skipped: list[dict[str, str]],
+) -> dict[str, Any]:  # fmt: skip
+    """The report dict (the JSON's content): machine, load, timing, config, results with their ratios, skips."""
     limits, peers = rep.add_ratios(results)
     load_after = harness.load_average()
     usable = machine["cpu_usable"] or 1
-    report = {
+    return {
         "schema_version": rep.SCHEMA_VERSION,
         "title": cfg.title,
         "created_utc": harness.now_utc(),
-        "wall_s": round(time.monotonic() - t_start, 2),
+        "wall_s": round(wall_s, 2),
         "machine": machine,
         "load": {
             "before": load_before,
@@ -255,12 +275,6 @@ def run_suite(cfg: BenchmarkConfig, console: Console | None = None, write: bool 
         "physical_limit": limits,
         "best_peer": peers,
     }
-    console.print(summary_table(report), width=max(console.width, 150))
-    if write:
-        paths = write_report(report, cfg.out_dir, cfg.out_name)
-        report["files"] = paths
-        console.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['png']}")
-    return report
 
 
 def summary_table(report: dict[str, Any]) -> Table:
