@@ -4,7 +4,7 @@
 # asset package, so the carried wheels stay small); the policy acts (sampler.device=auto: the learner's GPU for a CNN)
 # and learns on the GPU, bf16 autocast. It reports the wall-clock time to a mean score of 0 / +18 / +20 over the
 # last 100 games and the env steps/s. Goal: +20 in under 2 minutes (rl_games + EnvPool report about 2 minutes on one
-# RTX 3090, without sticky actions; env=pong keeps the v5 default of 0.25). About 9 minutes from a fresh machine.
+# RTX 3090, without sticky actions; env=pong keeps the v5 default of 0.25). About 7 minutes, at most 525 s of sections.
 #
 #   bash benchmarks/gpu_pong.sh --fetch-wheels     # HERE, with pip access: the wheels the GPU image lacks -> .whl/
 #                                                  # (benchmarks/gpu_setup.sh: one set for every GPU script)
@@ -40,7 +40,7 @@ if [ "${GPU_PONG_SMOKE:-0}" = "1" ]; then
   DEVICE=cpu; LIMIT_S=25
   SIZES="env.num_envs=4 env.num_threads=1 sampler.rollout_len=8 learner.num_minibatches=2 logging.interval_s=2"
 else
-  DEVICE=cuda; LIMIT_S=330
+  DEVICE=cuda; LIMIT_S=300
   SIZES="env.num_envs=256 learner.num_minibatches=16 logging.interval_s=5"
 fi
 
@@ -101,7 +101,8 @@ section_report() {
 }
 
 # name:timeout_s, in run order; the Pong run's limit is its own time limit plus start-up and the final checkpoint.
-ALL_SECTIONS="setup:120 sanity:60 pong:$((LIMIT_S + 90)) report:60"
+# Worst case 525 s: inside the device tool's 600 s per command.
+ALL_SECTIONS="setup:90 sanity:45 pong:$((LIMIT_S + 60)) report:30"
 
 PY=python3
 status=0
