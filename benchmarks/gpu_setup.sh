@@ -4,7 +4,7 @@
 # The lent GPU machine (one H200) cannot reach a package index, and its python3 -- the one with CUDA torch and jax --
 # is itself a virtualenv (/opt/torch/.venv). A venv made from it with --system-site-packages sees the BASE
 # interpreter's packages, not that venv's torch (checked: `import torch` fails in such a nested venv). So:
-#   here, with pip access:  gpu_fetch_wheels .whl   -> the Python 3.12 x86-64 wheels the image lacks (~43 MB)
+#   here, with pip access:  gpu_fetch_wheels .whl   -> the Python 3.12 x86-64 wheels the image lacks (~44 MB)
 #   there:                  gpu_install_site python3 /tmp/sf-gpu-site .whl "$REPO"; export PYTHONPATH=/tmp/sf-gpu-site
 # which installs the wheels and this project (a plain, non-editable build: its package-dir mapping puts envs/ at
 # sample_fast.envs) into one --target folder. Run Python from outside the repo then: the repo's ./sample_fast would
@@ -18,7 +18,7 @@
 GPU_WHEELS="hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 gymnasium==1.4.0
   farama-notifications==0.0.6 tensordict==0.14.3 pyvers==0.2.3 orjson==3.13.0 importlib-metadata==10.2.0
   mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0 mujoco-mjx==3.17.0 mujoco-warp==4.0.0 glfw==2.11.0
-  pyopengl==3.1.10 trimesh==5.2.0 websockets==17.4 ale-py==0.12.1"
+  pyopengl==3.1.10 trimesh==5.2.0 websockets==17.4 ale-py==0.12.1 torchrl==0.14.1 hoptorch==0.1.4"
 
 gpu_fetch_wheels() {  # gpu_fetch_wheels DIR: GPU_WHEELS for CPython 3.12 on x86-64 Linux into DIR (pip access needed)
   local dir=$1 w pip=("${PYTHON:-python3}" -m pip)

@@ -27,7 +27,10 @@ if [ ! -x "$PY" ]; then
   # shellcheck source=benchmarks/gpu_setup.sh
   . "$REPO/benchmarks/gpu_setup.sh"
   PY=python3
-  gpu_install_site "$PY" /tmp/sf-gpu-site "$REPO/.whl" "$REPO" || { echo "gpu_suite: set-up failed"; exit 1; }
+  export -f gpu_install_site
+  export GPU_WHEELS
+  timeout 120 bash -c 'gpu_install_site "$@"' _ "$PY" /tmp/sf-gpu-site "$REPO/.whl" "$REPO" \
+    || { echo "gpu_suite: set-up failed (or took over 120 s)"; exit 1; }
   export PYTHONPATH=/tmp/sf-gpu-site
 fi
 cd "$OUT_DIR" || exit 1
