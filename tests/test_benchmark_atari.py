@@ -143,3 +143,22 @@ def test_pong_race_times_to_a_mean_score(tmp_path, load_bench):
     assert alone[0] == "| mean score of the last 100 games | sample_fast env=pong |"
     assert "| >= +20 | not reached in 40 s (0.00M) |" in alone and "| at 40 s | -1.00 |" in alone
     assert not any(line.startswith("| at 60 s") for line in alone)
+
+
+def test_gpu_scripts_parse_and_pin_the_wheels_the_trainer_imports():
+    # The GPU scripts run only on a lent GPU (benchmarks/gpu_*.sh): a syntax error there would cost a scarce session.
+    # gpu_setup.sh's wheel list must pin every package the trainer and the ale backend import that the GPU image lacks.
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for script in sorted((root / "benchmarks").glob("gpu_*.sh")):
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, f"{script.name}: {proc.stderr}"
+    setup = (root / "benchmarks" / "gpu_setup.sh").read_text()
+    wheels = re.search(r'GPU_WHEELS="([^"]*)"', setup).group(1).split()
+    pinned = {w.split("==")[0] for w in wheels if "==" in w}
+    assert len(pinned) == len(wheels)  # every wheel pinned to one version
+    needed = {"hydra-core", "omegaconf", "antlr4-python3-runtime", "tensordict", "gymnasium", "ale-py", "mujoco"}
+    assert needed <= pinned, needed - pinned
