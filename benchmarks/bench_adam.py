@@ -81,9 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rounds >= 1, --calls >= 10 and --updates >= 1")
     quiet = harness.check_quiet_from_args(args, log=print)
     torch.set_num_threads(1)
-    ant = list(make_learner([64, 64], "tanh").params)
+    ant_learner = make_learner([64, 64], "tanh")  # seeded: the same initial policy as each update case's learner
+    ant = list(ant_learner.params)
     atari = atari_params()
-    batches = [make_batch(make_learner([64, 64], "tanh").policy, seed=i) for i in range(args.updates * args.rounds + 1)]
+    batches = [make_batch(ant_learner.policy, seed=i) for i in range(args.updates * args.rounds + 1)]
     cases = {}
     for impl in IMPLS:
         cases[f"step ant {impl}"] = step_case(ant, impl, args.calls)

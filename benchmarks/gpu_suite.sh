@@ -15,6 +15,7 @@ REPO=$(pwd)
 # With $OUT (the device tool, which brings back at most 8 files, 2 folders down) the sections write to a work folder,
 # and $OUT gets gpu_suite.md plus one archive of every result file (no kernel cache, no checkpoints).
 OUT_DIR=${OUT:+/tmp/sf-gpu-suite}
+[ -n "${OUT:-}" ] && rm -rf "$OUT_DIR"  # a rerun on the same machine must not archive the last run's files
 OUT_DIR=${OUT_DIR:-$REPO/benchmarks/results/gpu-$(date -u +%Y-%m-%d)-$(hostname)}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
