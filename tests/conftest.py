@@ -6,7 +6,9 @@ fresh interpreter with a hard timeout (MJX on the CPU has been seen to hang insi
 reaches). These jobs are compile-bound and single-process, and most of the suite keeps only one of the two cores
 busy, so the jobs of every selected ``isolated`` test start when collection ends, one at a time at nice 10 on the
 spare core, in collection order; the test itself (fixture ``isolated``) waits for its job's result. A job still
-running when the session ends (Ctrl-C, a failure with -x) is killed.
+running when the session ends (Ctrl-C, a failure with -x) is killed. Under pytest-xdist (``-n 2``, what
+scripts/test.sh runs) each worker gets a share of the tests and the other worker keeps the second core busy, so
+there a job runs in the foreground, at normal priority, when its test runs.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class IsolatedJob:
     path: str
     func: str
     timeout_s: float
+    background: bool = True  #: started by IsolatedRunner at nice 10; False: run by the test itself (xdist)
+    started: bool = False
     done: threading.Event = field(default_factory=threading.Event)
     returncode: int | None = None
     stdout: str = ""
@@ -65,8 +69,10 @@ class IsolatedJob:
     def run(self, procs: list[subprocess.Popen], stopping: threading.Event) -> None:
         # nice 10: the job takes the core the suite leaves idle; PR_SET_PDEATHSIG (1) = SIGKILL (9): it dies with
         # the thread that started it if pytest itself is killed (SIGKILL, OOM), as no cleanup hook then runs.
+        self.started = True
         death = "import ctypes; ctypes.CDLL(None).prctl(1, 9); " if sys.platform == "linux" else ""
-        code = f"import os, runpy; {death}os.nice(10); runpy.run_path({self.path!r})[{self.func!r}]()"
+        nice = "os.nice(10); " if self.background else ""
+        code = f"import os, runpy; {death}{nice}runpy.run_path({self.path!r})[{self.func!r}]()"
         t0 = time.monotonic()
         try:
             if stopping.is_set():
@@ -90,9 +96,11 @@ class IsolatedJob:
         """Wait for the job (it runs in collection order, each bounded by its timeout) and turn its outcome into
         the test's: an assertion failed in the child -> AssertionError (what xfail(raises=AssertionError) expects);
         a crash or a hang -> pytest.fail, never mistaken for an expected failure."""
+        if not self.background and not self.started:
+            self.run([], threading.Event())  # xdist: in the foreground, bounded by timeout_s
         while not self.done.wait(timeout=1.0):
             pass  # bounded: every job ahead of this one and this one itself have a hard timeout
-        where = f"{self.func} ({self.elapsed_s:.0f} s in the background)"
+        where = f"{self.func} ({self.elapsed_s:.0f} s{' in the background' if self.background else ''})"
         if self.timed_out:
             pytest.fail(f"{where} did not finish within {self.timeout_s:g} s (MJX hang on CPU?)\n{self.stderr[-3000:]}")
         if self.returncode != 0:
@@ -130,15 +138,16 @@ _RUNNER: list[IsolatedRunner] = []
 def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
+    background = "PYTEST_XDIST_WORKER" not in os.environ  # an xdist worker runs only some of the collected tests
     jobs = []
     for item in session.items:
         marker = item.get_closest_marker("isolated")
         if marker is None or item.get_closest_marker("skip") is not None:
             continue
-        job = IsolatedJob(str(item.path), marker.args[0], float(marker.kwargs["timeout_s"]))
+        job = IsolatedJob(str(item.path), marker.args[0], float(marker.kwargs["timeout_s"]), background)
         _JOBS[item.nodeid] = job
         jobs.append(job)
-    if jobs:
+    if jobs and background:
         runner = IsolatedRunner(jobs)
         _RUNNER.append(runner)
         runner.thread.start()
