@@ -273,30 +273,51 @@ def shm_entries() -> set[str]:
 
 
 def mapped_shm() -> set[str]:
-    """/dev/shm names that some live process has mapped (in use by someone, so not leaked)."""
-    names: set[str] = set()
+    """/dev/shm names that some live process has mapped (in use by someone, so not leaked).
+
+    Matched by inode, not by the name in /proc/<pid>/maps: glibc's ``sem_open`` creates a semaphore under a
+    temporary name, maps it and only then links it to its real name, so its creator's maps show the temporary
+    name, "(deleted)", for as long as it lives (every multiprocessing lock, queue and event of a spawn context).
+    """
+    inodes: set[int] = set()
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return names
+        return set()
     for pid in filter(str.isdigit, entries):
         try:
             with open(f"/proc/{pid}/maps") as f:
-                names.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line)
-        except (OSError, IndexError):
+                inodes.update(int(line.split(maxsplit=5)[4]) for line in f if " /dev/shm/" in line)
+        except (OSError, IndexError, ValueError):
             pass
+    names: set[str] = set()
+    for name in shm_entries():
+        try:
+            if os.stat(f"/dev/shm/{name}").st_ino in inodes:
+                names.add(name)
+        except OSError:
+            pass  # removed meanwhile
     return names
 
 
-def leaked_shm(before: set[str], prefixes: tuple[str, ...], wait_s: float = 2.0) -> set[str]:
-    """/dev/shm entries with one of ``prefixes`` created since ``before`` that no live process maps: leaked.
+#: The window the tests give ``leaked_shm`` for entries still being released. It costs time only while some new entry
+#: stays unmapped.
+LEAK_WINDOW_S = 5.0
 
-    Entries other programs create meanwhile are mapped by their live owners and are not counted. Waits up to
-    ``wait_s`` for entries that are still being released (a process that just exited unlinks them last).
+
+def leaked_shm(before: set[str], prefixes: tuple[str, ...], wait_s: float = 2.0) -> set[str]:
+    """/dev/shm entries with one of ``prefixes`` created since ``before`` that stay unmapped: leaked.
+
+    A leak stays. An entry counts only if it is new, unmapped and present in every look over ``wait_s`` (one look
+    every 0.1 s; the first look with nothing left returns at once). So an entry that is being released (a process
+    that just exited unlinks its entries last), and another program's entry that is unmapped for a moment or that
+    appears after the first look (a second pytest-xdist worker's runs), are not counted.
     """
     deadline = time.monotonic() + wait_s
+    candidates: set[str] | None = None
     while True:
         new = {n for n in shm_entries() - before if n.startswith(prefixes)} - mapped_shm()
-        if not new or time.monotonic() >= deadline:
-            return new
+        candidates = new if candidates is None else candidates & new
+        if not candidates or time.monotonic() >= deadline:
+            return candidates
         time.sleep(0.1)

@@ -40,7 +40,7 @@ from sample_fast.distributed import (
 )
 from sample_fast.learner import Learner, LearnerConfig
 from sample_fast.policy import ActorCritic, PolicyConfig
-from sample_fast.procs import leaked_shm, shm_entries
+from sample_fast.procs import LEAK_WINDOW_S, leaked_shm, shm_entries
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_learner import CONT, OBS, make_batch  # noqa: E402
@@ -253,7 +253,7 @@ def test_only_rank_0_writes_files(tmp_path):
     assert shares and all(abs(int(a) + int(b) - 100) <= 1 for a, b in shares), out[-3000:]
     meta = json.loads((run_dir / "meta.json").read_text())["starts"][0]["distributed"]
     assert meta["world_size"] == 2 and meta["rank_seeds"][0] == 0 and meta["rank_seeds"][1] != 0
-    assert leaked_shm(before, SHM_PREFIXES, wait_s=3.0) == set()
+    assert leaked_shm(before, SHM_PREFIXES, wait_s=LEAK_WINDOW_S) == set()
 
 
 @pytest.mark.slow  # three torchrun starts: ~40-90 s on the 2 shared cores
@@ -325,7 +325,7 @@ def test_kill_9_of_a_rank_restarts_the_group_from_its_checkpoint(tmp_path):
     assert 0 < starts[1]["resumed_from_env_steps"] < 4096  # it continued from a checkpoint, not from 0
     assert _checkpoint(run_dir, 4096)["learner"]["env_steps"] == 4096
     assert descendants(proc.pid) == []
-    assert leaked_shm(before, SHM_PREFIXES, wait_s=3.0) == set()
+    assert leaked_shm(before, SHM_PREFIXES, wait_s=LEAK_WINDOW_S) == set()
 
 
 RESTART_SCRIPT = """
@@ -438,7 +438,7 @@ def test_a_hung_rank_ends_the_run_within_the_timeout_naming_it(tmp_path):
     assert "rank 0/2" in out  # rank 0 is the one that reports it
     assert named_after < 30, named_after  # the 5 s timeout, the 5 s wait for the others' reports, the report
     assert descendants(proc.pid) == []
-    assert leaked_shm(before, SHM_PREFIXES, wait_s=3.0) == set()
+    assert leaked_shm(before, SHM_PREFIXES, wait_s=LEAK_WINDOW_S) == set()
 
 
 @pytest.mark.slow  # ~30 s: one 2-rank start

@@ -30,7 +30,7 @@ from sample_fast.benchmark.measure import descendants
 from sample_fast.checkpoint import CheckpointManager, read_checkpoint_file
 from sample_fast.config import ConfigError, LogConfig
 from sample_fast.logger import ProgressLogger, read_csv
-from sample_fast.procs import leaked_shm, pid_alive, shm_entries
+from sample_fast.procs import LEAK_WINDOW_S, leaked_shm, pid_alive, shm_entries
 
 PYTHON = sys.executable
 QUIET = ("logging.progress=off", "logging.interval_s=0.05", "logging.tensorboard=false", "logging.plot=false")
@@ -54,7 +54,7 @@ def _alive_after_grace(pids, grace_s: float = 10.0) -> list[int]:
 
 def _leaked_shm(before: set[str]) -> set[str]:
     """Entries created since ``before`` that no live process maps (concurrent unrelated runs map theirs)."""
-    return leaked_shm(before, SHM_PREFIXES, wait_s=3.0)
+    return leaked_shm(before, SHM_PREFIXES, wait_s=LEAK_WINDOW_S)
 
 
 def _start(tmp_path: Path, *args: str, log_name: str = "stderr.txt") -> tuple[subprocess.Popen, Path, Path]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -57,5 +60,57 @@ def test_leaked_shm_counts_new_unmapped_entries_only():
             assert name in mapped_shm()
             assert leaked_shm(before, ("psm_sftest_",), wait_s=0.0) == set()  # mapped by a live process
             mapped[0] = 1
+        assert leaked_shm(before, ("psm_sftest_",), wait_s=0.5) == {name}  # unmapped through the window: leaked
     finally:
         os.unlink(path)
+
+
+def test_a_semaphore_its_creator_holds_is_mapped_not_leaked():
+    """glibc's sem_open maps a semaphore under a temporary name before it links the real one, so the creator's
+    /proc/<pid>/maps names it "(deleted)": matched by name, a live run's own locks and queues looked leaked (and a
+    second xdist worker's leak check counted them). Matched by inode, they are in use."""
+    import multiprocessing
+
+    from sample_fast.procs import leaked_shm, mapped_shm, shm_entries
+
+    before = shm_entries()
+    lock = multiprocessing.get_context("spawn").Lock()  # a named POSIX semaphore: /dev/shm/sem.mp-...
+    new = {n for n in shm_entries() - before if n.startswith("sem.mp-")}
+    assert len(new) == 1, new
+    assert new <= mapped_shm()
+    assert leaked_shm(before, ("sem.mp-",), wait_s=0.0) == set()
+    del lock  # multiprocessing unlinks it when the lock is collected
+    gc.collect()
+    assert not new & shm_entries()
+
+
+def test_leaked_shm_counts_only_entries_there_and_unmapped_from_the_first_look_on():
+    """Another program's entries (a second xdist worker's runs) come and go while the look waits: one unmapped at the
+    first look that goes (being released), one that appears later and stays past the window. Neither belongs to
+    the run that ended before the look; a look that kept the last poll's entries would count the second."""
+    from sample_fast.procs import leaked_shm, shm_entries
+
+    before = shm_entries()
+    first, later = (f"/dev/shm/psm_sftest_{os.getpid()}_{i}" for i in (1, 2))
+    _write(first)
+
+    def others() -> None:
+        time.sleep(0.3)
+        _write(later)
+        time.sleep(0.3)
+        os.unlink(first)
+
+    thread = threading.Thread(target=others)
+    thread.start()
+    try:
+        assert leaked_shm(before, ("psm_sftest_",), wait_s=1.5) == set()
+    finally:
+        thread.join(timeout=10)
+        for path in (first, later):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _write(path: str) -> None:
+    with open(path, "wb") as f:
+        f.write(b"\0" * 4096)

@@ -19,7 +19,7 @@ import torch
 from sample_fast.envs.toy import ToyEnv
 from test_sampler import ACTION_STEP, LOG_STD, VersionPolicy, check_batch, toy_env
 
-from sample_fast.procs import SharedRngState, leaked_shm, pid_alive, shm_entries
+from sample_fast.procs import LEAK_WINDOW_S, SharedRngState, leaked_shm, pid_alive, shm_entries
 from sample_fast.runner import Runner, RunnerConfig, SamplerError, SamplerRestartLimit
 from sample_fast.sampler import SamplerConfig
 from sample_fast.trajectory_store import TrajectoryStore
@@ -106,7 +106,7 @@ def _runner(mode: str, env_fn=None, delay_s: float = 0.0, **rcfg_kw) -> tuple[Ru
 def _new_shm(before: set[str]) -> set[str]:
     """Entries created since ``before`` that nobody maps: leaked (concurrent test runs map their own)."""
     gc.collect()
-    return leaked_shm(before, OUR_SHM_PREFIXES, wait_s=2.0)
+    return leaked_shm(before, OUR_SHM_PREFIXES, wait_s=LEAK_WINDOW_S)
 
 
 def _check_run(runner, hooks, summary, total, start=0):
