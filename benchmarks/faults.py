@@ -101,8 +101,7 @@ class Run:
 
     def _watch(self) -> None:
         while self.proc.poll() is None:
-            for pid in [self.pid, *self.children()]:
-                self.shm_names |= _mapped_names(pid)
+            self.shm_names |= mapped_shm([self.pid, *self.children()])
             time.sleep(0.5)
 
     def leaked(self, wait_s: float = 3.0) -> set[str]:
@@ -170,14 +169,6 @@ class Run:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
                 os.kill(pid, signal.SIGKILL)
-
-
-def _mapped_names(pid: int) -> set[str]:
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            return {line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line}
-    except (OSError, IndexError):
-        return set()
 
 
 def _cmdline(pid: int) -> str:
@@ -728,7 +719,7 @@ def soak(work_root: Path, minutes: float, every_s: float, warmup_min: float, ove
             rows = run.rows()
             samples.append({
                 "t_s": round(time.monotonic() - t0, 1), "procs": procs, "dev_shm": len(shm_entries()),
-                "run_shm": len(set().union(*(_mapped_names(p) for p in pids))),
+                "run_shm": len(mapped_shm(pids)),
                 "env_steps": int(rows[-1]["env_steps"]) if rows else 0,
             })  # fmt: skip
             next_t += every_s

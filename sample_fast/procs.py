@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -272,19 +272,20 @@ def shm_entries() -> set[str]:
         return set()
 
 
-def mapped_shm() -> set[str]:
-    """/dev/shm names that some live process has mapped (in use by someone, so not leaked).
+def mapped_shm(pids: Iterable[int] | None = None) -> set[str]:
+    """/dev/shm names that ``pids`` (default: every live process) have mapped: in use, so not leaked.
 
     Matched by inode, not by the name in /proc/<pid>/maps: glibc's ``sem_open`` creates a semaphore under a
     temporary name, maps it and only then links it to its real name, so its creator's maps show the temporary
     name, "(deleted)", for as long as it lives (every multiprocessing lock, queue and event of a spawn context).
     """
     inodes: set[int] = set()
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return set()
-    for pid in filter(str.isdigit, entries):
+    if pids is None:
+        try:
+            pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        except OSError:
+            return set()
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
                 inodes.update(int(line.split(maxsplit=5)[4]) for line in f if " /dev/shm/" in line)

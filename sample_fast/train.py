@@ -532,10 +532,9 @@ def _record_start(
             extra = {"distributed": {
                 "world_size": sync.world_size, "backend": sync.backend,
                 "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                "rank_seeds": [distributed.rank_seed(cfg.run.seed + start_env_steps * bool(resume_state), r)
+                "rank_seeds": [distributed.rank_seed(_learner_seed(cfg, start_env_steps, resume_state), r)
                                for r in range(sync.world_size)],
-                "sampler_seeds": [distributed.rank_seed(cfg.sampler.seed, r) + start_env_steps
-                                  for r in range(sync.world_size)],
+                "sampler_seeds": [_sampler_seed(cfg, r, start_env_steps) for r in range(sync.world_size)],
             }}  # fmt: skip
         try:
             write_run_files(cfg, rdir, start_env_steps, extra)
@@ -548,6 +547,17 @@ def _record_start(
         random.seed(cfg.run.seed)
         np.random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
+
+
+def _sampler_seed(cfg: TrainConfig, rank: int, start_env_steps: int) -> int:
+    """Rank ``rank``'s sampler seed (split i resets with it + i). A resumed run resets its envs with fresh seeds
+    rather than replaying the first episodes' initial states. meta.json records the same for every rank."""
+    return distributed.rank_seed(cfg.sampler.seed, rank) + start_env_steps
+
+
+def _learner_seed(cfg: TrainConfig, start_env_steps: int, resume_state: dict | None) -> int:
+    """The seed ``distributed.attach_learner`` gives each rank (through ``rank_seed``): fresh after a resume."""
+    return cfg.run.seed + start_env_steps * bool(resume_state)
 
 
 class _Wiring(NamedTuple):
@@ -577,10 +587,7 @@ def _wire(cfg: TrainConfig, sync: Any, resume_state: dict | None, start_env_step
             raise RunFailed(str(e)) from None
     env_fn = functools.partial(build_env, cfg.env, per_split)
     policy_fn = functools.partial(build_policy, obs_spec, act_spec, cfg.policy)
-    # a resumed run resets its envs with fresh seeds rather than replaying the first episodes' initial states;
-    # distributed: each rank its own
-    rank = sync.rank if sync is not None else 0
-    sampler_seed = distributed.rank_seed(cfg.sampler.seed, rank) + start_env_steps
+    sampler_seed = _sampler_seed(cfg, sync.rank if sync is not None else 0, start_env_steps)
     sampler_cfg = dataclasses.replace(cfg.sampler, seed=sampler_seed)
     learner_fn = functools.partial(
         build_learner,
@@ -591,7 +598,7 @@ def _wire(cfg: TrainConfig, sync: Any, resume_state: dict | None, start_env_step
         replay_cfg=cfg.replay,
     )
     if sync is not None:  # rank 0's weights on every rank, the collectives in the learner, per-rank seeds
-        inner_fn, seed = learner_fn, cfg.run.seed + start_env_steps * bool(resume_state)
+        inner_fn, seed = learner_fn, _learner_seed(cfg, start_env_steps, resume_state)
         learner_fn = lambda policy: distributed.attach_learner(sync, inner_fn(policy), seed, resume_state is not None)  # noqa: E731
     return _Wiring(env_fn, policy_fn, learner_fn, sampler_cfg, slot_shape)
 

@@ -51,8 +51,7 @@ def test_leaked_shm_counts_new_unmapped_entries_only():
     before = shm_entries()
     name = f"psm_sftest_{os.getpid()}"
     path = f"/dev/shm/{name}"
-    with open(path, "wb") as f:
-        f.write(b"\0" * 4096)
+    _write(path)
     try:
         assert leaked_shm(before, ("psm_sftest_",), wait_s=0.0) == {name}  # new, nobody maps it
         assert leaked_shm(before | {name}, ("psm_sftest_",), wait_s=0.0) == set()  # there before: not new
@@ -78,6 +77,7 @@ def test_a_semaphore_its_creator_holds_is_mapped_not_leaked():
     new = {n for n in shm_entries() - before if n.startswith("sem.mp-")}
     assert len(new) == 1, new
     assert new <= mapped_shm()
+    assert new <= mapped_shm([os.getpid()]) and not new & mapped_shm([1])  # this process maps it, init does not
     assert leaked_shm(before, ("sem.mp-",), wait_s=0.0) == set()
     del lock  # multiprocessing unlinks it when the lock is collected
     gc.collect()
