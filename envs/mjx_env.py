@@ -74,6 +74,39 @@ def _physics(d: Any, fields: tuple[str, ...]) -> tasks.Physics:
     return tasks.Physics(**{"qpos": d.qpos, "qvel": d.qvel, **vals})
 
 
+#: ``Physics`` fields that need nothing past ``mjx.kinematics`` at a reset (cfrc_ext is zero there, as in gymnasium).
+_KINEMATIC_FIELDS = frozenset({"qpos", "qvel", "xpos", "xipos", "cfrc_ext"})
+
+
+def reset_forward(mx: Any, d: Any, fields: tuple[str, ...], gravcomp: bool) -> Any:
+    """The stages of ``mj_forward`` that a reset's observation and the next step's starting position read.
+
+    Gymnasium's reset calls ``mj_forward``; of its results a task reads only ``fields`` (``Physics``), and ``mjx.step``
+    begins with a full forward pass of its own, so collision, constraints and the solver are not needed here. Running
+    only ``kinematics`` (xpos, xipos), ``com_pos`` (cinert), ``com_vel`` (cvel) and the actuation chain
+    (qfrc_actuator: tendon, transmission, the actuator velocities, ``fwd_actuation``) gives the same values as
+    ``mjx.forward`` and compiles faster, the step program too, which holds a reset for the envs that end their
+    episode (Humanoid: benchmarks/results/mjx_compile/README.md). Actuator gravity compensation reads ``passive``'s
+    forces: then the full pass.
+    """
+    wanted = set(fields)
+    d = mjx.kinematics(mx, d)
+    if wanted <= _KINEMATIC_FIELDS:
+        return d
+    if "qfrc_actuator" in wanted and gravcomp:
+        return mjx.forward(mx, d)
+    d = mjx.com_pos(mx, d)  # cinert, cdof (com_vel and the Jacobians of site transmissions need them)
+    if "cvel" in wanted:
+        d = mjx.com_vel(mx, d)
+    if "qfrc_actuator" in wanted:
+        d = mjx.transmission(mx, mjx.tendon(mx, d))
+        d = d.tree_replace(  # as mjx.fwd_velocity sets them (fwd_actuation's bias terms read the velocities)
+            {"_impl.actuator_velocity": d._impl.actuator_moment @ d.qvel, "_impl.ten_velocity": d._impl.ten_J @ d.qvel}
+        )
+        d = mjx.fwd_actuation(mx, d)
+    return d
+
+
 def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """The task's and MJX's options resolved and checked, without building a model or compiling; raises ``EnvError``.
 
@@ -210,7 +243,7 @@ class MjxEnv(BatchedEnv):
         max_steps = opts["max_episode_steps"]
         zero_cfrc = jnp.zeros((self.consts.nbody, 6), dtype)
         skip_idle_reset = skips_idle_reset(self.jax_device)
-        kinematics_only = set(fields) <= {"qpos", "qvel", "xpos", "xipos", "cfrc_ext"}
+        gravcomp = bool(np.any(self.mj_model.body_gravcomp))
         mx_axes = self._mx_axes  # None: one model shared by every env
 
         def reset_one(mx: Any, key: jax.Array) -> tuple[Any, jax.Array]:
@@ -224,7 +257,7 @@ class MjxEnv(BatchedEnv):
             d = self._cast(mjx.make_data(mx)).replace(qpos=qpos, qvel=qvel)
             # PERF: mjx.step begins with a full forward pass, so a reset only needs what the first observation and
             # position read: kinematics (xpos, xipos) for most tasks, which compiles ~10x faster than mjx.forward.
-            d = mjx.kinematics(mx, d) if kinematics_only else mjx.forward(mx, d)
+            d = reset_forward(mx, d, fields, gravcomp)
             if needs_rne:
                 # Gymnasium's reset calls only mj_forward, so cfrc_ext is zero in the first observation.
                 d = d.tree_replace({"_impl.cfrc_ext": zero_cfrc}) if hasattr(d, "_impl") else d

@@ -19,6 +19,7 @@ import mujoco
 import numpy as np
 import pytest
 import torch
+from mujoco import mjx
 from sample_fast.envs import EnvError, make, mjx_env, tasks
 
 NUM_ENVS = 4
@@ -37,6 +38,19 @@ def cheetah():
 def random_actions(num_steps: int, num_envs: int, nu: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.rand(num_steps, num_envs, nu, generator=gen) * 2 - 1
+
+
+def reference_reset_obs(env, qpos0: np.ndarray, qvel0: np.ndarray) -> np.ndarray:
+    """The first observation as gymnasium makes it: ``mj_forward`` in float64 from the reset state (cfrc_ext zero)."""
+    task, model = env.task, env.mj_model
+    datas = []
+    for q, v in zip(qpos0, qvel0, strict=True):
+        d = mujoco.MjData(model)
+        d.qpos[:], d.qvel[:] = q, v
+        mujoco.mj_forward(model, d)
+        datas.append(d)
+    p = tasks.Physics(**{f: np.stack([np.array(getattr(d, f)) for d in datas]) for f in task.fields})
+    return task.observation(np, p, env.options, env.consts)
 
 
 def reference_rollout(env, qpos0: np.ndarray, qvel0: np.ndarray, actions: torch.Tensor):
@@ -309,6 +323,64 @@ def test_bad_device_and_name():
         mjx_env.jax_device_for(torch.device("mps"))
 
 
+RESET_FORWARD_XML = """
+<mujoco>
+  <option timestep="0.01"/>
+  <worldbody>
+    <geom type="plane" size="5 5 .1"/>
+    <body name="torso" pos="0 0 1" gravcomp="{gravcomp}">
+      <freejoint/>
+      <geom type="capsule" size=".1" fromto="-.3 0 0 .3 0 0" mass="2"/>
+      <site name="tip" pos=".3 0 0"/>
+      <body name="arm" pos=".3 0 0">
+        <joint name="hinge" type="hinge" axis="0 1 0" range="-1 1" actuatorgravcomp="true"/>
+        <geom type="capsule" size=".05" fromto="0 0 0 0 0 -.4" mass=".5"/>
+        <site name="hand" pos="0 0 -.4"/>
+        <body name="hand" pos="0 0 -.4">
+          <joint name="wrist" type="hinge" axis="1 0 0" range="-1 1"/>
+          <geom type="sphere" size=".06" mass=".2"/>
+        </body>
+      </body>
+    </body>
+  </worldbody>
+  <tendon><fixed name="pair"><joint joint="hinge" coef="1"/><joint joint="wrist" coef="-.5"/></fixed></tendon>
+  <actuator>
+    <motor joint="hinge" gear="30"/>
+    <position tendon="pair" kp="20" kv="3"/>
+    <velocity joint="wrist" kv="4"/>
+    <general site="hand" gear="0 0 1 0 0 0" gainprm="5" biasprm="1 -2 -0.5" biastype="affine"/>
+  </actuator>
+</mujoco>
+"""
+
+
+@pytest.mark.parametrize("gravcomp", [0, 1])
+def test_reset_forward_gives_mj_forwards_values_for_every_physics_field(gravcomp):
+    """``mjx_env.reset_forward`` (a reset's part of mj_forward) against float64 MuJoCo C ``mj_forward`` from random
+    states and controls: xpos, xipos, cinert, cvel and qfrc_actuator through joint, tendon and site transmissions
+    with gain and bias (position, velocity and affine actuators), also with actuator gravity compensation (which
+    takes the full forward pass)."""
+    model = mujoco.MjModel.from_xml_string(RESET_FORWARD_XML.format(gravcomp=gravcomp))
+    assert bool(model.flg_gravcomp) == bool(gravcomp)
+    rng = np.random.default_rng(3)
+    mx = mjx.put_model(model)
+    fields = ("qpos", "qvel", "xpos", "xipos", "cinert", "cvel", "qfrc_actuator")
+    run = jax.jit(lambda d: mjx_env.reset_forward(mx, d, fields, gravcomp=bool(gravcomp)))
+    for _ in range(3):
+        c = mujoco.MjData(model)
+        c.qpos[:] = model.qpos0 + rng.uniform(-0.4, 0.4, model.nq)
+        c.qpos[3:7] /= np.linalg.norm(c.qpos[3:7])
+        c.qvel[:] = rng.normal(0, 1, model.nv)
+        c.ctrl[:] = rng.uniform(-1, 1, model.nu)
+        d = run(mjx.make_data(model).replace(qpos=jnp.asarray(c.qpos), qvel=jnp.asarray(c.qvel),
+                                             ctrl=jnp.asarray(c.ctrl)))  # fmt: skip
+        mujoco.mj_forward(model, c)
+        assert np.abs(c.qfrc_actuator).max() > 0.1 and np.abs(c.actuator_force[1:]).min() > 1e-3
+        for f in fields[2:]:
+            got = np.asarray(mjx_env._impl_field(d, f))
+            np.testing.assert_allclose(got, getattr(c, f), atol=1e-4, rtol=1e-4, err_msg=f)
+
+
 def test_humanoid_pgs_solver_is_replaced_and_recorded():
     task = tasks.TASKS["humanoid"]
     from sample_fast.envs import physics
@@ -435,7 +507,9 @@ def _agreement_with_c(name: str, num_envs: int, num_steps: int, obs_atol: float,
     env = make(name, num_envs, backend="mjx", seed=2, max_episode_steps=100, terminate_when_unhealthy=False,
                xla_opt_level=0)  # fmt: skip
     actions = random_actions(num_steps, num_envs, env.action_spec.shape[0], seed=5)
-    _, qpos0, qvel0, obs, rew = mjx_rollout(env, actions, seed=21)
+    obs0, qpos0, qvel0, obs, rew = mjx_rollout(env, actions, seed=21)
+    # the first observation (reset_forward: only the stages of mj_forward the task reads) from the same state
+    np.testing.assert_allclose(obs0.double().numpy(), reference_reset_obs(env, qpos0, qvel0), atol=1e-4, rtol=1e-4)
     ref_obs, ref_rew = reference_rollout(env, qpos0, qvel0, actions)
     print(name, "obs max diff per step", np.abs(obs - ref_obs).max(axis=(1, 2)))
     print(name, "reward max diff per step", np.abs(rew - ref_rew).max(axis=1))

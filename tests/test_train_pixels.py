@@ -66,6 +66,7 @@ def test_pong_trains_end_to_end(tmp_path, mode):
     total = 1024  # 256 agent steps per env: at least 2 episodes of 100 steps each
     overrides = ["env=pong", *_QUIET, f"run.mode={mode}", f"run.total_env_steps={total}", "env.num_envs=4",
                  "sampler.rollout_len=32", "+env.options.max_episode_steps=100", "logging.interval_s=0.5",
+                 "learner.num_epochs=1", "learner.num_minibatches=2",  # 2 CNN updates per batch, not atari's 32
                  f"run.dir={rdir}"]  # fmt: skip
     if mode == "serial":
         overrides.append("learner.scale_rewards=true")  # the breakout/atari setting: scaled rewards, raw logs
