@@ -237,34 +237,35 @@ def _checkpoint(run_dir: Path, steps: int) -> dict:
     return read_checkpoint_file(run_dir / "checkpoints" / f"ckpt_{steps:012d}.pt")["state"]
 
 
-def test_only_rank_0_writes_files(tmp_path):
+@pytest.mark.slow  # three torchrun starts: ~40-90 s on the 2 shared cores
+def test_only_rank_0_writes_files_and_a_run_resumes_with_one_rank_and_again_with_two(tmp_path):
+    """toy: T=16 (sampler=short), 8 envs per split: a rank's batch is 128 env steps; 2 ranks: 256 per update.
+
+    The first (2-rank) start runs under an audit hook that reports every file write below tmp_path: only rank 0
+    writes (checkpoints, TensorBoard, CSV, meta.json), and no shared-memory entry outlives it."""
     script = tmp_path / "audit.py"
     script.write_text(AUDIT)
-    run_dir = tmp_path / "run"
-    before = shm_entries()
-    proc = torchrun(2, str(tmp_path), *_train_args(run_dir, 1024, "distributed=ddp", "logging.tensorboard=true"),
-                    script=[str(script)])  # fmt: skip
-    out = _finish(proc)
-    assert proc.returncode == 0, out[-4000:]
-    writes = [line for line in out.splitlines() if line.startswith("AUDIT-WRITE")]
-    assert writes and all(w.startswith("AUDIT-WRITE rank=0 ") for w in writes), writes
-    assert any("ckpt_000000001024.pt" in w for w in writes) and any("/tb/" in w for w in writes)
-    shares = re.findall(r"ranks (\d+)%/(\d+)%", out)  # the progress line: each rank's share of the env steps/s
-    assert shares and all(abs(int(a) + int(b) - 100) <= 1 for a, b in shares), out[-3000:]
-    meta = json.loads((run_dir / "meta.json").read_text())["starts"][0]["distributed"]
-    assert meta["world_size"] == 2 and meta["rank_seeds"][0] == 0 and meta["rank_seeds"][1] != 0
-    assert leaked_shm(before, SHM_PREFIXES, wait_s=LEAK_WINDOW_S) == set()
-
-
-@pytest.mark.slow  # three torchrun starts: ~40-90 s on the 2 shared cores
-def test_resume_two_ranks_with_one_and_one_with_two(tmp_path):
-    """toy: T=16 (sampler=short), 8 envs per split: a rank's batch is 128 env steps; 2 ranks: 256 per update."""
     run_dir = tmp_path / "run"
     stages = [(2, 1024), (1, 1536), (2, 2560)]
     version = 0
     prev = None
     for nproc, steps in stages:
-        out = _finish(torchrun(nproc, *_train_args(run_dir, steps, "distributed=ddp")))
+        if prev is None:
+            before = shm_entries()
+            proc = torchrun(nproc, str(tmp_path), *_train_args(run_dir, steps, "distributed=ddp",
+                            "logging.tensorboard=true"), script=[str(script)])  # fmt: skip
+            out = _finish(proc)
+            assert proc.returncode == 0, out[-4000:]
+            writes = [line for line in out.splitlines() if line.startswith("AUDIT-WRITE")]
+            assert writes and all(w.startswith("AUDIT-WRITE rank=0 ") for w in writes), writes
+            assert any("ckpt_000000001024.pt" in w for w in writes) and any("/tb/" in w for w in writes)
+            shares = re.findall(r"ranks (\d+)%/(\d+)%", out)  # the progress line: each rank's share of env steps/s
+            assert shares and all(abs(int(a) + int(b) - 100) <= 1 for a, b in shares), out[-3000:]
+            meta = json.loads((run_dir / "meta.json").read_text())["starts"][0]["distributed"]
+            assert meta["world_size"] == 2 and meta["rank_seeds"][0] == 0 and meta["rank_seeds"][1] != 0
+            assert leaked_shm(before, SHM_PREFIXES, wait_s=LEAK_WINDOW_S) == set()
+        else:
+            out = _finish(torchrun(nproc, *_train_args(run_dir, steps, "distributed=ddp")))
         assert f"done: {steps} env steps" in out, out[-4000:]
         ck = _checkpoint(run_dir, steps)
         start = prev["env_steps"] if prev else 0
