@@ -25,6 +25,8 @@ _pending: list[tuple[str, Any]] = []
 
 
 def _replay(dynamo: Any) -> None:
+    if dynamo is None:  # its import failed: that error propagates (torch.compile cannot run without it)
+        return
     while _pending:
         name, fn = _pending.pop(0)
         getattr(dynamo, name)(fn)

@@ -47,6 +47,37 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_slow)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items[:] = long_tests_first_in_each_half(items, run_slow=config.getoption("--runslow"))
+
+
+def _weight(item, run_slow: bool) -> int:
+    """2: an ``isolated`` MJX compile job (50-115 s each); 1: another ``slow`` test; 0: the rest, or a test that
+    shares a module-scoped fixture with its neighbours (moving it away would build that fixture twice)."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d and d[-1].scope in ("module", "package") for d in defs.values()):
+        return 0
+    if item.get_closest_marker("isolated") is not None and (run_slow or "slow" not in item.keywords):
+        return 2
+    return 1 if run_slow and "slow" in item.keywords else 0
+
+
+def long_tests_first_in_each_half(items: list, run_slow: bool) -> list:
+    """The order for xdist's ``worksteal``: it hands the first half of the list to one worker and the second half to
+    the other, and a worker that runs out steals from the END of the other's queue. With the long tests dealt
+    alternately to the front of each half, both workers start on them and end on short tests, so neither is left
+    running a two-minute test alone at the end (the same order in every worker, as xdist requires)."""
+    weights = [_weight(it, run_slow) for it in items]
+    long_ = sorted((i for i, w in enumerate(weights) if w), key=lambda i: -weights[i])  # stable: collection order
+    short = [i for i, w in enumerate(weights) if not w]
+    halves: list[list[int]] = [long_[0::2], long_[1::2]]
+    first_len = len(items) // 2
+    fill = first_len - len(halves[0])
+    if fill < 0:  # more long tests than half the run: keep the collection order
+        return items
+    halves[0] += short[:fill]
+    halves[1] += short[fill:]
+    return [items[i] for i in halves[0] + halves[1]]
 
 
 # ----- isolated jobs --------------------------------------------------------------------------------------------
