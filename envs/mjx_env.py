@@ -243,7 +243,7 @@ class MjxEnv(BatchedEnv):
         max_steps = opts["max_episode_steps"]
         zero_cfrc = jnp.zeros((self.consts.nbody, 6), dtype)
         skip_idle_reset = skips_idle_reset(self.jax_device)
-        gravcomp = bool(np.any(self.mj_model.body_gravcomp))
+        gravcomp = bool(self.mj_model.flg_gravcomp)  # some body has gravity compensation
         mx_axes = self._mx_axes  # None: one model shared by every env
 
         def reset_one(mx: Any, key: jax.Array) -> tuple[Any, jax.Array]:

@@ -57,7 +57,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         if name == "tensordict":
             _wrap_exec(spec, _defer_markers, _restore_markers)
         else:
-            _uninstall(self)
+            _uninstall()
             _wrap_exec(spec, lambda: None, lambda _: _replay(sys.modules.get("torch._dynamo")))
         return spec
 
@@ -93,15 +93,10 @@ def _restore_markers(originals: dict[str, Any]) -> None:
         setattr(torch.compiler, n, fn)
     if "torch._dynamo" in sys.modules:  # something else imported it meanwhile: mark now
         _replay(sys.modules["torch._dynamo"])
-        _uninstall_all()
+        _uninstall()
 
 
-def _uninstall(finder: _Finder) -> None:
-    if finder in sys.meta_path:
-        sys.meta_path.remove(finder)
-
-
-def _uninstall_all() -> None:
+def _uninstall() -> None:
     for f in [f for f in sys.meta_path if isinstance(f, _Finder)]:
         sys.meta_path.remove(f)
 

@@ -40,17 +40,25 @@ def random_actions(num_steps: int, num_envs: int, nu: int, seed: int) -> torch.T
     return torch.rand(num_steps, num_envs, nu, generator=gen) * 2 - 1
 
 
-def reference_reset_obs(env, qpos0: np.ndarray, qvel0: np.ndarray) -> np.ndarray:
-    """The first observation as gymnasium makes it: ``mj_forward`` in float64 from the reset state (cfrc_ext zero)."""
-    task, model = env.task, env.mj_model
+def _forwarded_c_data(model: mujoco.MjModel, qpos0: np.ndarray, qvel0: np.ndarray) -> list[mujoco.MjData]:
+    """One float64 MjData per env at the given state after ``mj_forward`` (as gymnasium's reset leaves it)."""
     datas = []
     for q, v in zip(qpos0, qvel0, strict=True):
         d = mujoco.MjData(model)
         d.qpos[:], d.qvel[:] = q, v
         mujoco.mj_forward(model, d)
         datas.append(d)
-    p = tasks.Physics(**{f: np.stack([np.array(getattr(d, f)) for d in datas]) for f in task.fields})
-    return task.observation(np, p, env.options, env.consts)
+    return datas
+
+
+def _c_physics(task, datas: list[mujoco.MjData]) -> tasks.Physics:
+    return tasks.Physics(**{f: np.stack([np.array(getattr(d, f)) for d in datas]) for f in task.fields})
+
+
+def reference_reset_obs(env, qpos0: np.ndarray, qvel0: np.ndarray) -> np.ndarray:
+    """The first observation as gymnasium makes it: ``mj_forward`` in float64 from the reset state (cfrc_ext zero)."""
+    datas = _forwarded_c_data(env.mj_model, qpos0, qvel0)
+    return env.task.observation(np, _c_physics(env.task, datas), env.options, env.consts)
 
 
 def reference_rollout(env, qpos0: np.ndarray, qvel0: np.ndarray, actions: torch.Tensor):
@@ -59,16 +67,10 @@ def reference_rollout(env, qpos0: np.ndarray, qvel0: np.ndarray, actions: torch.
     Returns obs ``[T, N, obs]`` and reward ``[T, N]`` (no resets; callers stay inside one episode)."""
     task, opts, model = env.task, env.options, env.mj_model
     consts = env.consts
-    datas = []
-    for q, v in zip(qpos0, qvel0, strict=True):
-        d = mujoco.MjData(model)
-        d.qpos[:], d.qvel[:] = q, v
-        mujoco.mj_forward(model, d)
-        datas.append(d)
+    datas = _forwarded_c_data(model, qpos0, qvel0)
 
     def phys() -> tasks.Physics:
-        vals = {f: np.stack([np.array(getattr(d, f)) for d in datas]) for f in task.fields}
-        return tasks.Physics(**vals)
+        return _c_physics(task, datas)
 
     all_obs, all_rew = [], []
     for a in actions.double().numpy():
