@@ -12,7 +12,13 @@ uses 2 on a 2-core machine), each case in a fresh interpreter, interleaved for `
 * ``act``: the sampler's no-grad ``act(with_value=False)`` on ``--act-batch`` frames (one env group of 16).
 
 Reports microseconds per sample (median over rounds) and samples/s, and the channels_last / NCHW speed-up paired per
-round. The peer here is the same network in the other layout. Take /tmp/race.lock while it runs (docs/benchmark.md).
+round. The peer here is the same network in the other layout.
+
+    python benchmarks/bench_cnn.py --lever bf16 --name cnn_cpu_bf16   # -> benchmarks/results/cnn_cpu_bf16.{json,md}
+
+compares instead the trunk under CPU bf16 autocast (``policy.cpu_bf16=always``) with float32 (``never``), both in
+channels_last; the machine record says whether the CPU has native bf16 (``cpu_has_native_bf16``). Take
+/tmp/race.lock while it runs (docs/benchmark.md).
 """
 
 from __future__ import annotations
@@ -27,9 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sample_fast.benchmark import harness  # noqa: E402
+from sample_fast.encoders import cpu_has_native_bf16  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 ENCODERS = {"nature_cnn": [512], "impala_cnn": [256]}
+#: --lever: (name of the case with the lever, name of the case without it), as the result columns say.
+LEVERS = {"layout": ("channels_last", "nchw"), "bf16": ("bf16", "float32")}
 
 
 def run_case(case: dict) -> dict:
@@ -44,7 +53,8 @@ def run_case(case: dict) -> dict:
     torch.manual_seed(0)
     frames = Spec(shape=(4, 84, 84), dtype=torch.uint8)
     actions_spec = Spec(shape=(), dtype=torch.int64, num_actions=6)
-    cfg = PolicyConfig(encoder=case["encoder"], hidden_sizes=ENCODERS[case["encoder"]], activation="relu")
+    cfg = PolicyConfig(encoder=case["encoder"], hidden_sizes=ENCODERS[case["encoder"]], activation="relu",
+                       cpu_bf16="always" if case.get("bf16") else "never")  # fmt: skip
     policy = ActorCritic(frames, actions_spec, cfg)
     conv = next(m for m in policy.modules() if isinstance(m, torch.nn.Conv2d))
     layout = "channels_last" if conv.weight.is_contiguous(memory_format=torch.channels_last) else "nchw"
@@ -87,6 +97,8 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=180.0, help="per case")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="cnn_cpu")
+    parser.add_argument("--lever", choices=sorted(LEVERS), default="layout",
+                        help="layout: channels_last vs NCHW; bf16: bf16 trunk vs float32")  # fmt: skip
     harness.add_quiet_arguments(parser)
     args = parser.parse_args()
     if args.case:
@@ -104,17 +116,22 @@ def main() -> None:
         parser.error("--threads, --rounds, --batch and --act-batch must be >= 1")
     quiet = harness.check_quiet_from_args(args, log=print)
     base = {"batch": args.batch, "act_batch": args.act_batch, "seconds": args.seconds}
-    keys = [(e, k, t, cl) for e in encs for k in ("train", "act") for t in threads for cl in (True, False)]
+    # on: the lever applied (channels_last, or bf16 trunk in channels_last); off: NCHW, or float32 in channels_last
+    keys = [(e, k, t, on) for e in encs for k in ("train", "act") for t in threads for on in (True, False)]
+    on_name, off_name = LEVERS[args.lever]
 
     def case_fn(key):
-        enc, kind, t, cl = key
+        enc, kind, t, on = key
 
         def run(_round: int) -> dict:
-            case = {**base, "encoder": enc, "kind": kind, "threads": t, "channels_last": cl}
+            layout = args.lever == "layout"  # layout: NCHW or channels_last; bf16: both in channels_last
+            lever = {"channels_last": on or not layout, "bf16": on and not layout}
+            case = {**base, "encoder": enc, "kind": kind, "threads": t, **lever}
             res = harness.run_case_in_subprocess(__file__, case, args.timeout_s)
             if "error" in res:
                 raise RuntimeError(f"{key}: {res['error']}")
-            print(f"  {enc} {kind} threads={t} {res['layout']:13s} {res['us_per_sample']:8.1f} us/sample", flush=True)
+            name = on_name if on else off_name
+            print(f"  {enc} {kind} threads={t} {name:13s} {res['us_per_sample']:8.1f} us/sample", flush=True)
             return res
 
         return run
@@ -122,38 +139,43 @@ def main() -> None:
     t0 = time.perf_counter()
     results = harness.interleave({key: case_fn(key) for key in keys}, args.rounds)
     rows = []
-    for enc, kind, t, cl in keys:
-        if not cl:
+    for enc, kind, t, on in keys:
+        if not on:
             continue
         fast = [r["samples_per_s"] for r in results[(enc, kind, t, True)]]
         slow = [r["samples_per_s"] for r in results[(enc, kind, t, False)]]
         rows.append({
             "encoder": enc, "kind": kind, "threads": t,
-            "channels_last_us_per_sample": harness.median([r["us_per_sample"] for r in results[(enc, kind, t, True)]]),
-            "nchw_us_per_sample": harness.median([r["us_per_sample"] for r in results[(enc, kind, t, False)]]),
-            "channels_last_samples_per_s": harness.median(fast),
-            "speedup_channels_last": harness.paired_ratio(fast, slow),
+            f"{on_name}_us_per_sample": harness.median([r["us_per_sample"] for r in results[(enc, kind, t, True)]]),
+            f"{off_name}_us_per_sample": harness.median([r["us_per_sample"] for r in results[(enc, kind, t, False)]]),
+            f"{on_name}_samples_per_s": harness.median(fast),
+            f"speedup_{on_name}": harness.paired_ratio(fast, slow),
         })  # fmt: skip
-    data = {"machine": harness.machine_record(quiet), "quiet": quiet, "settings": {**base, "threads": threads},
-            "rounds": args.rounds, "elapsed_s": time.perf_counter() - t0,
+    machine = {**harness.machine_record(quiet), "cpu_has_native_bf16": cpu_has_native_bf16()}
+    data = {"machine": machine, "quiet": quiet, "lever": args.lever,
+            "settings": {**base, "threads": threads}, "rounds": args.rounds, "elapsed_s": time.perf_counter() - t0,
             "results": {"/".join(map(str, k)): v for k, v in results.items()}, "rows": rows}  # fmt: skip
+    title = {"layout": "channels_last vs NCHW", "bf16": "bf16 trunk (CPU autocast) vs float32, both channels_last"}
     md = [
-        "# CNN policies on the CPU: channels_last vs NCHW (Pong frames uint8 [4, 84, 84], 6 actions)",
+        f"# CNN policies on the CPU: {title[args.lever]} (Pong frames uint8 [4, 84, 84], 6 actions)",
         "",
         harness.quiet_line(quiet),
+        "",
+        f"CPU: {machine.get('cpu_model', '?')}; native bf16 (AVX512-BF16 or AMX-BF16 flags): "
+        f"{'yes' if machine['cpu_has_native_bf16'] else 'no'}.",
         "",
         f"{args.rounds} interleaved rounds, each case in a fresh interpreter; medians over rounds; the speed-up is "
         f"paired per round. `train`: one Adam step of a PPO-shaped loss on {args.batch} samples (`evaluate`, "
         f"backward, step); `act`: no-grad `act(with_value=False)` on {args.act_batch} frames.",
         "",
-        "| encoder | call | torch threads | channels_last us/sample | NCHW us/sample | channels_last samples/s | "
-        "channels_last speed-up |",
+        f"| encoder | call | torch threads | {on_name} us/sample | {off_name} us/sample | {on_name} samples/s | "
+        f"{on_name} speed-up |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        md.append(f"| {r['encoder']} | {r['kind']} | {r['threads']} | {r['channels_last_us_per_sample']:.0f} | "
-                  f"{r['nchw_us_per_sample']:.0f} | {r['channels_last_samples_per_s']:.0f} | "
-                  f"{r['speedup_channels_last']:.2f}x |")  # fmt: skip
+        md.append(f"| {r['encoder']} | {r['kind']} | {r['threads']} | {r[f'{on_name}_us_per_sample']:.0f} | "
+                  f"{r[f'{off_name}_us_per_sample']:.0f} | {r[f'{on_name}_samples_per_s']:.0f} | "
+                  f"{r[f'speedup_{on_name}']:.2f}x |")  # fmt: skip
     print("\n".join(md))
     print(harness.write_results(args.out, args.name, data, "\n".join(md) + "\n"))
 

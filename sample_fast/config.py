@@ -321,9 +321,12 @@ def _check_policy(cfg: TrainConfig) -> str | None:
             "vector: use policy.encoder=mlp (or auto)"
         )
     specs = _env_specs(env)
-    if specs is None:
-        return "mlp" if env.name in TASKS else (policy.encoder if policy.encoder != "auto" else None)
     try:
+        if specs is None:
+            encoder = "mlp" if env.name in TASKS else (policy.encoder if policy.encoder != "auto" else None)
+            if encoder is not None:
+                policy.check_encoder(encoder, prefix="policy.")
+            return encoder
         return policy.check_specs(*specs, prefix="policy.")
     except PolicyConfigError as e:
         raise ConfigError(f"{e} (env {env.name})") from None

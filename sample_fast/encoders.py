@@ -8,6 +8,7 @@ heads and the MLP encoder live in ``sample_fast.policy``; nothing here touches a
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +25,33 @@ NATURE_MIN_SIZE = 36
 #: for nature_cnn (0.93-1.01x) and 2.3-2.4x faster for impala_cnn. On CUDA it is the layout cuDNN's bf16 tensor-core
 #: kernels prefer.
 CHANNELS_LAST = True
+
+
+#: ``PolicyConfig.cpu_bf16`` settings: run a CNN trunk on the CPU under bf16 autocast "auto" (where the CPU multiplies
+#: bf16 natively, ``cpu_has_native_bf16``), "always" or "never".
+CPU_BF16_SETTINGS = ("auto", "always", "never")
+#: x86 CPU flags of native bf16 dot products: AVX512-BF16 (AMD Zen 4+, Intel Cooper Lake+) and AMX-BF16 (Intel
+#: Sapphire Rapids+). Without them oneDNN emulates bf16 and it is slower than float32.
+_NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_native_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has bf16 dot-product instructions (``_NATIVE_BF16_FLAGS`` in the flags of ``cpuinfo``);
+    False where the file is missing or unreadable (macOS, Windows: "auto" then keeps float32)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return any(flag in flags for flag in _NATIVE_BF16_FLAGS)
+    return False
+
+
+def cpu_bf16_enabled(setting: str) -> bool:
+    """``PolicyConfig.cpu_bf16`` resolved for this machine."""
+    return setting == "always" or (setting == "auto" and cpu_has_native_bf16())
 
 
 class EncoderError(ValueError):

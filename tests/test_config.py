@@ -313,6 +313,8 @@ BAD = [
         "policy.encoder=nature_cnn needs frames of at least 36x36",
     ),
     (["env=pong", "policy.encoder=vit"], "policy: encoder 'vit' unknown; choose one of: auto, mlp, nature_cnn"),
+    (["env=pong", "policy.cpu_bf16=yes"], "policy: cpu_bf16 'yes' unknown; choose one of: auto, always, never"),
+    (["env=ant", "policy.cpu_bf16=always"], "policy.cpu_bf16=always applies to CNN encoders only, and this policy's"),
     (["env=ant", "env.backend=bullet"], "env.backend='bullet' is unknown"),
     (["env=toy", "env.backend=mujoco"], "env 'toy' runs only on backend 'toy'"),
     (["env=ant", "env.num_envs=-4"], "env.num_envs=-4 must be a non-negative int"),

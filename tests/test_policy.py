@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -285,6 +286,65 @@ def test_cnn_trains_under_bf16_autocast(encoder):
     loss.backward()
     for name, p in pol.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("encoder", ["nature_cnn", "impala_cnn"])
+def test_cpu_bf16_trunk_runs_in_bf16_and_stays_near_float32(encoder):
+    """policy.cpu_bf16=always: the trunk's convolutions and linear layers compute in bf16 (seen by a hook), the
+    heads read float32 features, the outputs are float32 and within bf16's precision of the same weights in float32;
+    the sampler's act and the learner's evaluate agree on a batch; every parameter stays float32 with a finite
+    gradient."""
+    torch.manual_seed(5)
+    cfg = dataclasses.replace(CNN_CFG[encoder], actor_out_gain=1.0)
+    ref = ActorCritic(FRAMES, PONG, cfg)
+    pol = ActorCritic(FRAMES, PONG, dataclasses.replace(cfg, cpu_bf16="always"))
+    pol.load_state_dict(ref.state_dict())
+    assert pol.cpu_bf16 and not ref.cpu_bf16
+    seen = []
+    conv = next(m for m in pol.trunk.modules() if isinstance(m, torch.nn.Conv2d))
+    conv.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    obs = _frames(32, seed=5)
+    actions, logp, values = pol.act(obs)
+    assert seen == [torch.bfloat16]
+    assert pol._features(obs).dtype == torch.float32  # what the heads read
+    assert logp.dtype == values.dtype == torch.float32
+    target_logp, entropy, values2 = pol.evaluate(obs, actions)
+    torch.testing.assert_close(target_logp, logp, rtol=1e-5, atol=1e-5)  # same batch, same bf16 trunk
+    torch.testing.assert_close(values2, values, rtol=1e-5, atol=1e-5)
+    ref_logp, ref_entropy, ref_values = ref.evaluate(obs, actions)
+    # bf16 keeps 8 bits of mantissa (~0.4% per op); measured here: |logp - ref| <= ~0.02
+    torch.testing.assert_close(target_logp, ref_logp, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(values2, ref_values, rtol=0.05, atol=0.05)
+    assert not torch.equal(target_logp, ref_logp)  # really another precision, not the float32 path
+    (-target_logp.mean() - 0.01 * entropy.mean() + 0.5 * values2.square().mean()).backward()
+    for name, p in pol.named_parameters():
+        assert p.dtype == torch.float32 and p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_cpu_bf16_auto_follows_the_cpu_flags(tmp_path, monkeypatch):
+    from sample_fast import encoders
+
+    def cpuinfo(flags: str) -> Path:
+        path = tmp_path / f"cpuinfo_{len(list(tmp_path.iterdir()))}"
+        path.write_text(f"processor\t: 0\nmodel name\t: test\nflags\t\t: {flags}\n\n")
+        return path
+
+    assert encoders.cpu_has_native_bf16(cpuinfo("fpu sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni"))
+    assert encoders.cpu_has_native_bf16(cpuinfo("fpu avx512f amx_tile amx_bf16 amx_int8"))
+    assert not encoders.cpu_has_native_bf16(cpuinfo("fpu avx2 avx512f avx512bw avx512_vnni"))  # emulated bf16 only
+    assert not encoders.cpu_has_native_bf16(tmp_path / "missing")
+    for native in (True, False):
+        monkeypatch.setattr(encoders, "cpu_has_native_bf16", lambda native=native: native)
+        cnn = CNN_CFG["nature_cnn"]
+        assert ActorCritic(FRAMES, PONG, dataclasses.replace(cnn, cpu_bf16="auto")).cpu_bf16 is native
+        assert ActorCritic(FRAMES, PONG, dataclasses.replace(cnn, cpu_bf16="always")).cpu_bf16
+        assert not ActorCritic(FRAMES, PONG, dataclasses.replace(cnn, cpu_bf16="never")).cpu_bf16
+        assert not ActorCritic(OBS, DISC, PolicyConfig(cpu_bf16="auto")).cpu_bf16  # an MLP ignores auto
+    with pytest.raises(PolicyConfigError, match="cpu_bf16=always applies to CNN encoders only"):
+        ActorCritic(OBS, DISC, PolicyConfig(cpu_bf16="always"))
+    with pytest.raises(PolicyConfigError, match="cpu_bf16 'fast' unknown; choose one of: auto, always, never"):
+        ActorCritic(FRAMES, PONG, dataclasses.replace(CNN_CFG["nature_cnn"], cpu_bf16="fast"))
 
 
 def test_cnn_weights_round_trip_through_state_dict_and_deepcopy():

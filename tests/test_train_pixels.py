@@ -70,6 +70,8 @@ def test_pong_trains_end_to_end(tmp_path, mode):
                  f"run.dir={rdir}"]  # fmt: skip
     if mode == "serial":
         overrides.append("learner.scale_rewards=true")  # the breakout/atari setting: scaled rewards, raw logs
+    else:
+        overrides.append("policy.cpu_bf16=always")  # the bf16 trunk in the sampler and the learner, on any CPU
     summary = train_mod.train(_cfg(*overrides))
     assert summary["run_dir"] == str(rdir)
     rows = read_csv(str(rdir / "progress.csv"))

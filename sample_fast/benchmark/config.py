@@ -121,6 +121,9 @@ class BenchmarkConfig:
     #: The inference_rnn stage's recurrent core (gru, lstm) and its size (docs/recurrent.md).
     policy_rnn: str = "gru"
     policy_rnn_size: int = 64
+    #: A CNN policy's trunk under CPU bf16 autocast (PolicyConfig.cpu_bf16: auto, always, never): "auto" as the
+    #: Atari presets run it; an MLP policy ignores it.
+    policy_cpu_bf16: str = "auto"
     #: Task options for every backend (e.g. {max_episode_steps: 1000}); see sample_fast.envs.tasks.
     env_options: dict[str, Any] = field(default_factory=dict)
     #: Per-backend options, e.g. {mjx: {solver_iterations: 1, ls_iterations: 4}}.
@@ -178,6 +181,12 @@ def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
     _check_choices("peer(s)", cfg.peers, PEER_NAMES, "Use peers=[] to measure none.")
     if cfg.policy_rnn not in RNN_CHOICES:
         raise BenchmarkConfigError(f"policy_rnn={cfg.policy_rnn!r}; choose from: {', '.join(RNN_CHOICES)}")
+    from sample_fast.encoders import CPU_BF16_SETTINGS
+
+    if cfg.policy_cpu_bf16 not in CPU_BF16_SETTINGS:
+        raise BenchmarkConfigError(
+            f"policy_cpu_bf16={cfg.policy_cpu_bf16!r}; choose from: {', '.join(CPU_BF16_SETTINGS)}"
+        )
     if not isinstance(cfg.policy_rnn_size, int) or cfg.policy_rnn_size < 1:
         raise BenchmarkConfigError(f"policy_rnn_size must be a positive int, got {cfg.policy_rnn_size!r}")
     if cfg.isolate not in ISOLATE_CHOICES:

@@ -174,11 +174,12 @@ def _env_extra(env: BatchedEnv) -> dict[str, Any]:
 
 # ----- stage: inference (the Sampler) -------------------------------------------------------------------------------
 def build_policy(
-    observation_spec: Any, action_spec: Any, hidden_sizes: list[int], device: str, rnn: str = "none", rnn_size: int = 64
-) -> torch.nn.Module:
-    """The trainer's ``wiring.build_policy`` with an MLP of ``hidden_sizes`` and, with ``rnn``, a recurrent core
-    (picklable through functools.partial)."""
-    cfg = PolicyConfig(hidden_sizes=list(hidden_sizes), rnn=rnn, rnn_size=rnn_size)
+    observation_spec: Any, action_spec: Any, hidden_sizes: list[int], device: str, rnn: str = "none",
+    rnn_size: int = 64, cpu_bf16: str = "never",
+) -> torch.nn.Module:  # fmt: skip
+    """The trainer's ``wiring.build_policy`` with an MLP (or, on frames, a CNN trunk) of ``hidden_sizes``, with
+    ``rnn`` a recurrent core, and a CNN trunk's ``cpu_bf16`` setting (picklable through functools.partial)."""
+    cfg = PolicyConfig(hidden_sizes=list(hidden_sizes), rnn=rnn, rnn_size=rnn_size, cpu_bf16=cpu_bf16)
     return wiring.build_policy(observation_spec, action_spec, cfg, device)
 
 
@@ -216,7 +217,7 @@ def measure_inference(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         first = envs[0]
         rnn = cfg.policy_rnn if case.stage == "inference_rnn" else "none"
         policy = build_policy(first.observation_spec, first.action_spec, cfg.policy_hidden_sizes, str(first.device),
-                              rnn, cfg.policy_rnn_size)  # fmt: skip
+                              rnn, cfg.policy_rnn_size, cfg.policy_cpu_bf16)  # fmt: skip
         store, sampler = wiring.build_sampler(
             envs, policy, scfg, version_fn=lambda: 0, split_seeds=[cfg.seed + i for i in range(num_splits)]
         )
@@ -318,7 +319,8 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
     if tcfg.warmup_s is not None:
         timing = dataclasses.replace(timing, warmup_s=tcfg.warmup_s)
     hooks = _RateHooks(timing, torch.device(device), min_points=tcfg.window_calls)
-    policy_fn = functools.partial(build_policy, obs_spec, act_spec, list(cfg.policy_hidden_sizes), str(device))
+    policy_fn = functools.partial(build_policy, obs_spec, act_spec, list(cfg.policy_hidden_sizes), str(device),
+                                  cpu_bf16=cfg.policy_cpu_bf16)  # fmt: skip
     learner_fn = functools.partial(build_learner, device=str(device), overrides=dict(tcfg.learner))
     old_threads = torch.get_num_threads()
     try:
