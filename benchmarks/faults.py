@@ -53,7 +53,7 @@ from sample_fast.benchmark import harness
 from sample_fast.benchmark.measure import descendants
 from sample_fast.checkpoint import CheckpointManager, read_checkpoint_file
 from sample_fast.logger import read_csv
-from sample_fast.procs import mapped_shm, pid_alive, rss_bytes, shm_entries
+from sample_fast.procs import mapped_shm, pid_alive, rss_bytes, shm_entries, unmapped_in_every_look
 
 #: A short Ant run: 16 envs (2 splits of 8), one simulator thread, one learner thread, a checkpoint every 3 s.
 BASE = (
@@ -105,13 +105,9 @@ class Run:
             time.sleep(0.5)
 
     def leaked(self, wait_s: float = 3.0) -> set[str]:
-        """The run's /dev/shm entries that still exist and that no live process maps."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            left = {n for n in self.shm_names if os.path.exists(f"/dev/shm/{n}")} - mapped_shm()
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.1)
+        """The run's /dev/shm entries (those its processes mapped) that still exist and stay unmapped: the rule of
+        the tests' ``procs.leaked_shm``, with ownership by mapping instead of by name prefix."""
+        return unmapped_in_every_look(lambda: {n for n in self.shm_names if os.path.exists(f"/dev/shm/{n}")}, wait_s)
 
     def text(self) -> str:
         return "\n".join(line for _, line in self.lines)

@@ -287,7 +287,6 @@ class GymnasiumSingleEnv(gym.Env):
 # ----- TorchRL ------------------------------------------------------------------------------------------------
 def _make_torchrl_class() -> type:
     from tensordict import TensorDict, TensorDictBase
-    from torchrl.data import Bounded, Categorical, Composite, Unbounded
     from torchrl.envs import EnvBase
 
     class TorchRLEnv(EnvBase):
@@ -309,17 +308,7 @@ def _make_torchrl_class() -> type:
             n = env.num_envs
             super().__init__(device=env.device, batch_size=torch.Size([n]))
             self.env = env
-            ospec, aspec = env.observation_spec, env.action_spec
-            self.observation_spec = Composite(
-                observation=_torchrl_box(Bounded, Unbounded, ospec, n, env.device), shape=(n,), device=env.device
-            )
-            if aspec.is_discrete:
-                self.action_spec = Categorical(aspec.num_actions, shape=(n, *aspec.shape), device=env.device)
-            else:
-                self.action_spec = _torchrl_box(Bounded, Unbounded, aspec, n, env.device)
-            self.reward_spec = Unbounded(shape=(n, 1), dtype=torch.float32, device=env.device)
-            flag = Categorical(2, shape=(n, 1), dtype=torch.bool, device=env.device)
-            self.done_spec = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=(n,))
+            self.observation_spec, self.action_spec, self.reward_spec, self.done_spec = _torchrl_specs(env)
             self._seed: int | None = None
             self._obs: torch.Tensor | None = None  # obs after the last step: next episode's first obs where done
             self._pending: torch.Tensor | None = None  # [N] bool: envs the BatchedEnv reset in the last step
@@ -377,6 +366,23 @@ def _make_torchrl_class() -> type:
     return TorchRLEnv
 
 
+def _torchrl_specs(env: BatchedEnv) -> tuple[Any, Any, Any, Any]:
+    """TorchRL's observation, action, reward and done specs of ``env``, batched ``[num_envs]``."""
+    from torchrl.data import Bounded, Categorical, Composite, Unbounded
+
+    n, device = env.num_envs, env.device
+    ospec, aspec = env.observation_spec, env.action_spec
+    observation = Composite(observation=_torchrl_box(Bounded, Unbounded, ospec, n, device), shape=(n,), device=device)
+    if aspec.is_discrete:
+        action = Categorical(aspec.num_actions, shape=(n, *aspec.shape), device=device)
+    else:
+        action = _torchrl_box(Bounded, Unbounded, aspec, n, device)
+    reward = Unbounded(shape=(n, 1), dtype=torch.float32, device=device)
+    flag = Categorical(2, shape=(n, 1), dtype=torch.bool, device=device)
+    done = Composite(done=flag, terminated=flag.clone(), truncated=flag.clone(), shape=(n,))
+    return observation, action, reward, done
+
+
 def _torchrl_box(bounded: type, unbounded: type, spec: Spec, n: int, device: torch.device) -> Any:
     shape = (n, *spec.shape)
     if (
@@ -429,16 +435,7 @@ def _make_sb3_class() -> type:
             self._t0 = time.monotonic()
 
         def reset(self) -> np.ndarray:
-            seeds = self._seeds
-            seed = None
-            if any(s is not None for s in seeds):
-                if seeds[0] is None or list(seeds) != [seeds[0] + i for i in range(self.num_envs)]:
-                    raise EnvError(
-                        f"per-env seeds {list(seeds)[:4]}...: the batch is seeded as a whole; use seed(s), which "
-                        "gives env i the seed s + i"
-                    )
-                seed = int(seeds[0])
-            obs, _ = self.env.reset(seed=seed)
+            obs, _ = self.env.reset(seed=_batch_seed(self._seeds))
             self._reset_seeds()
             self._reset_options()
             self.reset_infos = [{} for _ in range(self.num_envs)]
@@ -451,26 +448,7 @@ def _make_sb3_class() -> type:
             if self._actions is None:
                 raise EnvError("step_wait() called without step_async(actions)")
             res, self._actions = self.env.step(self._actions), None
-            obs, rewards = _to_numpy(res.obs), _to_numpy(res.reward)
-            terminated, truncated = _to_numpy(res.terminated), _to_numpy(res.truncated)
-            dones = terminated | truncated
-            time_outs = truncated & ~terminated
-            per_key = {k: _to_numpy(v) for k, v in res.info.items() if k != "final_obs"}
-            infos: list[dict[str, Any]] = [
-                {**{k: v[i] for k, v in per_key.items()}, "TimeLimit.truncated": bool(time_outs[i])}
-                for i in range(self.num_envs)
-            ]
-            if dones.any():
-                final = _to_numpy(res.info["final_obs"])
-                elapsed = round(time.monotonic() - self._t0, 6)
-                for i in np.flatnonzero(dones):
-                    infos[i]["terminal_observation"] = final[i].copy()
-                    infos[i]["episode"] = {
-                        "r": float(per_key["episode_return"][i]),
-                        "l": int(per_key["episode_length"][i]),
-                        "t": elapsed,
-                    }
-            return obs, rewards.copy(), dones, infos
+            return _sb3_step_result(res, self.num_envs, round(time.monotonic() - self._t0, 6))
 
         def close(self) -> None:
             self.env.close()
@@ -488,6 +466,41 @@ def _make_sb3_class() -> type:
             return [False for _ in self._get_indices(indices)]
 
     return SB3VecEnv
+
+
+def _batch_seed(seeds: list[int | None]) -> int | None:
+    """The batch's seed from SB3's per-env seeds (``seed(s)`` gives env i ``s + i``): ``s``, or None when unseeded;
+    ``EnvError`` for per-env seeds the batch cannot honour."""
+    if all(s is None for s in seeds):
+        return None
+    if seeds[0] is None or list(seeds) != [seeds[0] + i for i in range(len(seeds))]:
+        raise EnvError(
+            f"per-env seeds {list(seeds)[:4]}...: the batch is seeded as a whole; use seed(s), which gives env i the "
+            "seed s + i"
+        )
+    return int(seeds[0])
+
+
+def _sb3_step_result(res: Any, num_envs: int, elapsed_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """A ``BatchedEnv`` step as SB3's ``(obs, rewards, dones, infos)`` (``SB3VecEnv`` says what each holds)."""
+    obs, rewards = _to_numpy(res.obs), _to_numpy(res.reward)
+    terminated, truncated = _to_numpy(res.terminated), _to_numpy(res.truncated)
+    dones = terminated | truncated
+    time_outs = truncated & ~terminated
+    per_key = {k: _to_numpy(v) for k, v in res.info.items() if k != "final_obs"}
+    infos: list[dict[str, Any]] = [
+        {**{k: v[i] for k, v in per_key.items()}, "TimeLimit.truncated": bool(time_outs[i])} for i in range(num_envs)
+    ]
+    if dones.any():
+        final = _to_numpy(res.info["final_obs"])
+        for i in np.flatnonzero(dones):
+            infos[i]["terminal_observation"] = final[i].copy()
+            infos[i]["episode"] = {
+                "r": float(per_key["episode_return"][i]),
+                "l": int(per_key["episode_length"][i]),
+                "t": elapsed_s,
+            }
+    return obs, rewards.copy(), dones, infos
 
 
 _LAZY_CLASSES: dict[str, type] = {}

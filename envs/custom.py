@@ -209,23 +209,7 @@ def register_robot(
         raise EnvError(f"robot name must be a non-empty string, got {name!r}")
     if name in TASKS and not overwrite:
         raise EnvError(f"a task named {name!r} exists already; pick another name or pass overwrite=True")
-    if task is not None:
-        if observation is not None or reward is not None or terminated is not None:
-            raise EnvError("pass either task=<object with observation/reward/terminated methods> or the functions")
-        for method in ("observation", "reward"):
-            if not callable(getattr(task, method, None)):
-                raise EnvError(
-                    f"task object {task!r} has no method {method}(xp, phys{', action' * (method == 'reward')})"
-                )
-        observation, reward = task.observation, task.reward
-        terminated = getattr(task, "terminated", None)
-        fields = getattr(task, "fields", fields)
-    if observation is None or reward is None:
-        raise EnvError("register_robot needs observation(xp, phys) and reward(xp, phys, action) (or task=...)")
-    unknown = sorted(set(fields) - set(PHYSICS_FIELDS))
-    if unknown:
-        raise EnvError(f"unknown physics field(s) {unknown}; choose from {', '.join(PHYSICS_FIELDS)}")
-    fields = tuple(f for f in PHYSICS_FIELDS if f in set(fields) | {"qpos", "qvel"})
+    observation, reward, terminated, fields = _task_functions(observation, reward, terminated, task, fields)
     if reset_noise not in ("uniform", "uniform_normal"):
         raise EnvError(f"reset_noise must be 'uniform' or 'uniform_normal', got {reset_noise!r}")
     if not isinstance(frame_skip, int) or frame_skip < 1:
@@ -243,18 +227,7 @@ def register_robot(
         check_jax = importlib.util.find_spec("jax") is not None
     if check_jax:
         _validate_jax(fns, phys, model.nu, obs_dim)
-
-    def task_obs(xp: Any, p: Physics, o: dict, c: Any) -> Any:
-        return observation(xp, p)
-
-    def task_position(xp: Any, p: Physics, o: dict, c: Any) -> Any:
-        return p.qpos[..., :1]  # only feeds info["x_position"]; custom rewards get no velocity term
-
-    def task_reward(xp: Any, p: Physics, o: dict, c: Any, action: Any, velocity: Any) -> tuple[Any, Any]:
-        r = reward(xp, p, action)
-        healthy = ~terminated(xp, p) if terminated is not None else xp.ones_like(r) > 0
-        return r, healthy
-
+    task_obs, task_position, task_reward = _task_hooks(observation, reward, terminated)
     options = {
         "max_episode_steps": max_episode_steps,
         "reset_noise_scale": float(reset_noise_scale),
@@ -276,6 +249,50 @@ def register_robot(
         obs_size=lambda consts, opts: obs_dim,
     )
     return register_task(td, overwrite=overwrite)
+
+
+def _task_functions(
+    observation: Callable[..., Any] | None, reward: Callable[..., Any] | None, terminated: Callable[..., Any] | None,
+    task: Any, fields: Sequence[str],
+) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any] | None, tuple[str, ...]]:  # fmt: skip
+    """``register_robot``'s task functions (from ``task``'s methods, or as given) and its ``fields`` in
+    ``PHYSICS_FIELDS`` order with ``qpos`` and ``qvel`` added; ``EnvError`` naming the fix when they do not fit."""
+    if task is not None:
+        if observation is not None or reward is not None or terminated is not None:
+            raise EnvError("pass either task=<object with observation/reward/terminated methods> or the functions")
+        for method in ("observation", "reward"):
+            if not callable(getattr(task, method, None)):
+                raise EnvError(
+                    f"task object {task!r} has no method {method}(xp, phys{', action' * (method == 'reward')})"
+                )
+        observation, reward = task.observation, task.reward
+        terminated = getattr(task, "terminated", None)
+        fields = getattr(task, "fields", fields)
+    if observation is None or reward is None:
+        raise EnvError("register_robot needs observation(xp, phys) and reward(xp, phys, action) (or task=...)")
+    unknown = sorted(set(fields) - set(PHYSICS_FIELDS))
+    if unknown:
+        raise EnvError(f"unknown physics field(s) {unknown}; choose from {', '.join(PHYSICS_FIELDS)}")
+    return observation, reward, terminated, tuple(f for f in PHYSICS_FIELDS if f in set(fields) | {"qpos", "qvel"})
+
+
+def _task_hooks(
+    observation: Callable[..., Any], reward: Callable[..., Any], terminated: Callable[..., Any] | None
+) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:  # fmt: skip
+    """The user's functions in the signatures ``TaskDef`` calls: observation, position and ``(reward, healthy)``."""
+
+    def task_obs(xp: Any, p: Physics, o: dict, c: Any) -> Any:
+        return observation(xp, p)
+
+    def task_position(xp: Any, p: Physics, o: dict, c: Any) -> Any:
+        return p.qpos[..., :1]  # only feeds info["x_position"]; custom rewards get no velocity term
+
+    def task_reward(xp: Any, p: Physics, o: dict, c: Any, action: Any, velocity: Any) -> tuple[Any, Any]:
+        r = reward(xp, p, action)
+        healthy = ~terminated(xp, p) if terminated is not None else xp.ones_like(r) > 0
+        return r, healthy
+
+    return task_obs, task_position, task_reward
 
 
 def randomize_model_params(

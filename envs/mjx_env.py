@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -154,6 +155,82 @@ def jax_device_for(device: torch.device) -> Any:
     raise EnvError(f"backend 'mjx' runs on 'cpu' or 'cuda' devices, not {device}")
 
 
+def _where_rows(mask: jax.Array, a: Any, b: Any) -> Any:
+    """Per leaf of the pytrees ``a`` and ``b`` (rows = envs): ``a``'s rows where ``mask``, else ``b``'s."""
+
+    def pick(x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, y)
+
+    return jax.tree_util.tree_map(pick, a, b)
+
+
+def _batch_programs(
+    reset_one: Callable, step_one: Callable, mx_axes: Any, max_steps: int | None, skip_idle_reset: bool
+) -> tuple[Callable, Callable, Callable]:  # fmt: skip
+    """The batch's traced functions over one env's (``MjxEnv._per_env_programs``), vmapped over the envs
+    (``mx_axes``: None when one model is shared by every env): ``reset_all(mx, keys)``, ``step_all(state, mx,
+    actions)`` with the time limit, non-finite-state resets and same-step auto-reset, and ``reset_some(state, mx,
+    obs, mask)``."""
+
+    def reset_all(mx: Any, keys: jax.Array) -> tuple[EnvState, jax.Array]:
+        keys, sub = _split_keys(keys)
+        data, obs = jax.vmap(reset_one, in_axes=(mx_axes, 0))(mx, sub)
+        n = keys.shape[0]
+        state = EnvState(data, keys, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32))
+        return state, obs
+
+    def step_all(state: EnvState, mx: Any, actions: jax.Array) -> tuple[EnvState, StepOut]:
+        data, obs, reward, terminated, finite = jax.vmap(step_one, in_axes=(mx_axes, 0, 0))(mx, state.data, actions)
+        bad = ~finite
+        reward = jnp.where(bad, 0.0, reward)
+        obs = jnp.where(bad[:, None], 0.0, obs)  # observations never carry NaN; final_obs row is zeros
+        terminated = terminated | bad
+        ep_length = state.ep_length + 1
+        truncated = ep_length >= max_steps if max_steps is not None else jnp.zeros_like(terminated)
+        done = terminated | truncated
+        ep_return = state.ep_return + reward
+        keys, sub = _split_keys(state.keys)
+
+        def with_reset(_: None) -> tuple[Any, jax.Array]:
+            fresh, fresh_obs = jax.vmap(reset_one, in_axes=(mx_axes, 0))(mx, sub)
+            return _where_rows(done, fresh, data), jnp.where(done[:, None], fresh_obs, obs)
+
+        if skip_idle_reset:
+            # PERF: on the CPU the reset branch (kinematics or a forward pass per env) runs only when some env
+            # ended its episode: most steps of small batches.
+            new_data, next_obs = jax.lax.cond(jnp.any(done), with_reset, lambda _: (data, obs), None)
+        else:
+            # PERF: on a GPU a data-dependent cond costs a device->host read of the predicate per step, and with
+            # thousands of envs some episode ends nearly every step anyway: always compute, select per row.
+            new_data, next_obs = with_reset(None)
+        out = StepOut(
+            obs=next_obs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=obs,
+            episode_return=jnp.where(done, ep_return, 0.0),
+            episode_length=jnp.where(done, ep_length, 0),
+            physics_reset=bad,
+        )
+        new_state = EnvState(new_data, keys, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length))
+        return new_state, out
+
+    def reset_some(state: EnvState, mx: Any, obs: jax.Array, mask: jax.Array) -> tuple[EnvState, jax.Array]:
+        # Only the chosen envs' keys advance, so the others' future reset draws are the same as without it.
+        next_keys, sub = _split_keys(state.keys)
+        fresh, fresh_obs = jax.vmap(reset_one, in_axes=(mx_axes, 0))(mx, sub)
+        new_state = EnvState(
+            _where_rows(mask, fresh, state.data),
+            jnp.where(mask[:, None], next_keys, state.keys),
+            jnp.where(mask, 0.0, state.ep_return),
+            jnp.where(mask, 0, state.ep_length),
+        )
+        return new_state, jnp.where(mask[:, None], fresh_obs, obs)
+
+    return reset_all, step_all, reset_some
+
+
 class MjxEnv(BatchedEnv):
     """MJX backend. See the module docstring; build with ``sample_fast.envs.make(name, n, backend="mjx")``.
 
@@ -234,17 +311,35 @@ class MjxEnv(BatchedEnv):
 
     def _build_programs(self) -> None:
         """Trace and compile reset and step once for this instance; ``compile_s`` records the time."""
+        reset_one, step_one = self._per_env_programs()
+        reset_all, step_all, reset_some = _batch_programs(
+            reset_one, step_one, self._mx_axes, self.options["max_episode_steps"], skips_idle_reset(self.jax_device)
+        )
+        self._reset_some = jax.jit(reset_some, donate_argnums=(0,))  # compiled on the first reset(env_mask=...)
+        level = self.options["xla_opt_level"]
+        compiler_options = None if level is None else {"xla_backend_optimization_level": int(level)}
+        t0 = time.perf_counter()
+        keys = jax.device_put(_seed_keys(self._seed, self.num_envs), self.jax_device)
+        self._reset_fn = jax.jit(reset_all).lower(self._mx, keys).compile(compiler_options)
+        state, _ = self._reset_fn(self._mx, keys)
+        actions = jax.device_put(jnp.zeros((self.num_envs, self.consts.nu), jnp.float32), self.jax_device)
+        # Donating the state lets XLA write the next state into the same buffers (no per-step allocation).
+        self._step_fn = jax.jit(step_all, donate_argnums=(0,)).lower(state, self._mx, actions).compile(compiler_options)
+        self.compile_s = time.perf_counter() - t0
+        self._state = state
+
+    def _per_env_programs(self) -> tuple[Callable, Callable]:
+        """One env's traced functions: ``reset_one(mx, key) -> (data, obs)`` and ``step_one(mx, d, action) ->
+        (data, obs, reward, terminated, finite)``, this instance's task, options and dtype closed over."""
         task, opts, frame_skip, dt, dtype = self.task, self.options, self.frame_skip, self.dt, self.dtype
         consts = self.consts._replace(body_mass=jnp.asarray(self._body_mass, dtype=dtype))
         fields = task.fields
         needs_rne = "cfrc_ext" in fields
         noise_scale = float(opts["reset_noise_scale"])
         normal_qvel = task.reset_noise == "uniform_normal"
-        max_steps = opts["max_episode_steps"]
         zero_cfrc = jnp.zeros((self.consts.nbody, 6), dtype)
-        skip_idle_reset = skips_idle_reset(self.jax_device)
         gravcomp = bool(self.mj_model.flg_gravcomp)  # some body has gravity compensation
-        mx_axes = self._mx_axes  # None: one model shared by every env
+        cast = self._cast
 
         def reset_one(mx: Any, key: jax.Array) -> tuple[Any, jax.Array]:
             # Gymnasium: qpos = init_qpos + U(-s, s); qvel = init_qvel + s*N(0,1) (ant, cheetah) or U(-s, s).
@@ -254,7 +349,7 @@ class MjxEnv(BatchedEnv):
                 qvel = noise_scale * jax.random.normal(kv, (mx.nv,), dtype)
             else:
                 qvel = jax.random.uniform(kv, (mx.nv,), dtype, -noise_scale, noise_scale)
-            d = self._cast(mjx.make_data(mx)).replace(qpos=qpos, qvel=qvel)
+            d = cast(mjx.make_data(mx)).replace(qpos=qpos, qvel=qvel)
             # PERF: mjx.step begins with a full forward pass, so a reset only needs what the first observation and
             # position read: kinematics (xpos, xipos) for most tasks, which compiles ~10x faster than mjx.forward.
             d = reset_forward(mx, d, fields, gravcomp)
@@ -283,80 +378,7 @@ class MjxEnv(BatchedEnv):
             finite = finite & jnp.isfinite(reward)
             return d, obs.astype(jnp.float32), reward.astype(jnp.float32), terminated, finite
 
-        def where_rows(mask: jax.Array, a: Any, b: Any) -> Any:
-            def pick(x: jax.Array, y: jax.Array) -> jax.Array:
-                return jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, y)
-
-            return jax.tree_util.tree_map(pick, a, b)
-
-        def reset_all(mx: Any, keys: jax.Array) -> tuple[EnvState, jax.Array]:
-            keys, sub = _split_keys(keys)
-            data, obs = jax.vmap(reset_one, in_axes=(mx_axes, 0))(mx, sub)
-            n = keys.shape[0]
-            state = EnvState(data, keys, jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.int32))
-            return state, obs
-
-        def step_all(state: EnvState, mx: Any, actions: jax.Array) -> tuple[EnvState, StepOut]:
-            data, obs, reward, terminated, finite = jax.vmap(step_one, in_axes=(mx_axes, 0, 0))(mx, state.data, actions)
-            bad = ~finite
-            reward = jnp.where(bad, 0.0, reward)
-            obs = jnp.where(bad[:, None], 0.0, obs)  # observations never carry NaN; final_obs row is zeros
-            terminated = terminated | bad
-            ep_length = state.ep_length + 1
-            truncated = ep_length >= max_steps if max_steps is not None else jnp.zeros_like(terminated)
-            done = terminated | truncated
-            ep_return = state.ep_return + reward
-            keys, sub = _split_keys(state.keys)
-
-            def with_reset(_: None) -> tuple[Any, jax.Array]:
-                fresh, fresh_obs = jax.vmap(reset_one, in_axes=(mx_axes, 0))(mx, sub)
-                return where_rows(done, fresh, data), jnp.where(done[:, None], fresh_obs, obs)
-
-            if skip_idle_reset:
-                # PERF: on the CPU the reset branch (kinematics or a forward pass per env) runs only when some env
-                # ended its episode: most steps of small batches.
-                new_data, next_obs = jax.lax.cond(jnp.any(done), with_reset, lambda _: (data, obs), None)
-            else:
-                # PERF: on a GPU a data-dependent cond costs a device->host read of the predicate per step, and with
-                # thousands of envs some episode ends nearly every step anyway: always compute, select per row.
-                new_data, next_obs = with_reset(None)
-            out = StepOut(
-                obs=next_obs,
-                reward=reward,
-                terminated=terminated,
-                truncated=truncated,
-                final_obs=obs,
-                episode_return=jnp.where(done, ep_return, 0.0),
-                episode_length=jnp.where(done, ep_length, 0),
-                physics_reset=bad,
-            )
-            new_state = EnvState(new_data, keys, jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length))
-            return new_state, out
-
-        def reset_some(state: EnvState, mx: Any, obs: jax.Array, mask: jax.Array) -> tuple[EnvState, jax.Array]:
-            # Only the chosen envs' keys advance, so the others' future reset draws are the same as without it.
-            next_keys, sub = _split_keys(state.keys)
-            fresh, fresh_obs = jax.vmap(reset_one, in_axes=(mx_axes, 0))(mx, sub)
-            new_state = EnvState(
-                where_rows(mask, fresh, state.data),
-                jnp.where(mask[:, None], next_keys, state.keys),
-                jnp.where(mask, 0.0, state.ep_return),
-                jnp.where(mask, 0, state.ep_length),
-            )
-            return new_state, jnp.where(mask[:, None], fresh_obs, obs)
-
-        self._reset_some = jax.jit(reset_some, donate_argnums=(0,))  # compiled on the first reset(env_mask=...)
-        level = opts["xla_opt_level"]
-        compiler_options = None if level is None else {"xla_backend_optimization_level": int(level)}
-        t0 = time.perf_counter()
-        keys = jax.device_put(_seed_keys(self._seed, self.num_envs), self.jax_device)
-        self._reset_fn = jax.jit(reset_all).lower(self._mx, keys).compile(compiler_options)
-        state, _ = self._reset_fn(self._mx, keys)
-        actions = jax.device_put(jnp.zeros((self.num_envs, self.consts.nu), jnp.float32), self.jax_device)
-        # Donating the state lets XLA write the next state into the same buffers (no per-step allocation).
-        self._step_fn = jax.jit(step_all, donate_argnums=(0,)).lower(state, self._mx, actions).compile(compiler_options)
-        self.compile_s = time.perf_counter() - t0
-        self._state = state
+        return reset_one, step_one
 
     # ----- BatchedEnv hooks --------------------------------------------------------------------------------
     def _reset(self, seed: int | None) -> tuple[torch.Tensor, dict[str, Any]]:

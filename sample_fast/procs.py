@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -307,18 +307,22 @@ LEAK_WINDOW_S = 5.0
 
 
 def leaked_shm(before: set[str], prefixes: tuple[str, ...], wait_s: float = 2.0) -> set[str]:
-    """/dev/shm entries with one of ``prefixes`` created since ``before`` that stay unmapped: leaked.
+    """/dev/shm entries with one of ``prefixes`` created since ``before`` that stay unmapped: leaked. Counted by
+    ``unmapped_in_every_look``, so an entry that is being released, and another program's entry that is unmapped for
+    a moment or that appears after the first look (a second pytest-xdist worker's runs), are not."""
+    return unmapped_in_every_look(lambda: {n for n in shm_entries() - before if n.startswith(prefixes)}, wait_s)
 
-    A leak stays. An entry counts only if it is new, unmapped and present in every look over ``wait_s`` (one look
-    every 0.1 s; the first look with nothing left returns at once). So an entry that is being released (a process
-    that just exited unlinks its entries last), and another program's entry that is unmapped for a moment or that
-    appears after the first look (a second pytest-xdist worker's runs), are not counted.
-    """
+
+def unmapped_in_every_look(candidates: Callable[[], set[str]], wait_s: float = 2.0) -> set[str]:
+    """The /dev/shm entries of ``candidates()`` that no live process maps in every look over ``wait_s`` (one look
+    every 0.1 s; the first look with nothing left returns at once). A leak stays: an entry that is being released (a
+    process that just exited unlinks its entries last) drops out of a later look, and one that appears only after the
+    first look is not counted."""
     deadline = time.monotonic() + wait_s
-    candidates: set[str] | None = None
+    left: set[str] | None = None
     while True:
-        new = {n for n in shm_entries() - before if n.startswith(prefixes)} - mapped_shm()
-        candidates = new if candidates is None else candidates & new
-        if not candidates or time.monotonic() >= deadline:
-            return candidates
+        new = candidates() - mapped_shm()
+        left = new if left is None else left & new
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(0.1)

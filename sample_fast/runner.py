@@ -168,54 +168,19 @@ def _sampler_main(
     (a resumed run's checkpoint, or the state the process it replaces last published) or ``torch_seed``, and is
     published to ``rng_shared`` after every pass of the loop that finished a slot, for the runner's checkpoints.
     ``slot_hook(n)`` runs after each READY slot, n counting the slots of every sampler process of this run."""
-    # SIGINT/SIGTERM/SIGHUP (Ctrl-C, `kill -- -PGID`, a closed terminal reach the whole group) go to the runner,
-    # which saves a final checkpoint and then stops us through ``control``. We were started with them blocked
-    # (Runner._start), so one that arrived while this process was still importing is discarded here.
-    ignore_stop_signals()
-    # Our OS parent's death (runner, or forkserver) takes us down too; SIGKILL, since SIGTERM is ignored now.
-    set_parent_death_signal(signal.SIGKILL)
-    dump_handle = register_stack_dump(dump_fd)  # the runner sends SIGUSR1 when our heartbeat stops
-    torch.set_num_threads(cfg.inference_threads)
-    torch.manual_seed(torch_seed)
-    if rng_state is not None:
-        torch.set_rng_state(rng_state)
+    dump_handle = _enter_sampler_process(dump_fd, cfg.inference_threads, torch_seed, rng_state)
     envs, sampler = [], None
     try:
         if not pid_alive(parent_pid) or control[CTRL_STOP] != 0:
             return  # the runner died before the death signal was armed, or stopped during our start-up
         envs = build_split_envs(env_fn, cfg.num_splits)
-        policy = policy_fn().to(acting_device(cfg.device))  # sampler.device: e.g. a CNN acts on the learner's GPU
-        sampler = Sampler(
-            envs,
-            policy,
-            store,
-            cfg,
-            param_store=param_store,
-            episodes=episodes,
-            control=control,
-            split_seeds=split_seeds,
-        )
-        # a replacement process continues the counters of the one before it
-        sampler.env_steps, sampler.wait_s = int(control[CTRL_SAMPLER_STEPS]), float(control[CTRL_SAMPLER_WAIT_S])
+        sampler = _start_sampler(envs, policy_fn, store, param_store, episodes, control, cfg, split_seeds)
         rng_shared.write(torch.get_rng_state())
         # INVARIANT: a fresh heartbeat before READY: the runner checks heartbeats from READY on, and the last one was
         # the runner's own at spawn time -- a start-up longer than heartbeat_timeout_s read as a stall at once
         control[CTRL_SAMPLER_HEARTBEAT] = time.time()
         control[CTRL_SAMPLER_READY] = 1.0
-        next_parent_check_s = 0.0
-        while control[CTRL_STOP] == 0:
-            num_ready = sampler.advance(wait_s=poll_s)
-            if num_ready:  # a slot became READY: publish the RNG state at this boundary
-                rng_shared.write(torch.get_rng_state())  # PERF: a 5 KB copy per slot, never a wait
-                for _ in range(num_ready):  # the splits of one pass may finish together: one call per slot
-                    control[CTRL_SAMPLER_SLOTS] += 1
-                    if slot_hook is not None:
-                        slot_hook(int(control[CTRL_SAMPLER_SLOTS]))
-            now = time.monotonic()
-            if now >= next_parent_check_s:  # the runner (not necessarily our OS parent: forkserver) still there?
-                if not pid_alive(parent_pid):
-                    break
-                next_parent_check_s = now + 0.5
+        _sampler_loop(sampler, control, poll_s, rng_shared, parent_pid, slot_hook)
     except BaseException:
         try:
             err_conn.send(traceback.format_exc()[-30000:])
@@ -234,6 +199,61 @@ def _sampler_main(
             if dump_handle is not None:
                 faulthandler.unregister(signal.SIGUSR1)
                 os.close(dump_handle)
+
+
+def _enter_sampler_process(
+    dump_fd: int, threads: int, torch_seed: int, rng_state: torch.Tensor | None
+) -> int | None:  # fmt: skip
+    """The sampler process's signals, parent-death signal, stack-dump handler (its handle, for the caller to close),
+    torch threads and RNG."""
+    # SIGINT/SIGTERM/SIGHUP (Ctrl-C, `kill -- -PGID`, a closed terminal reach the whole group) go to the runner,
+    # which saves a final checkpoint and then stops us through ``control``. We were started with them blocked
+    # (Runner._start), so one that arrived while this process was still importing is discarded here.
+    ignore_stop_signals()
+    # Our OS parent's death (runner, or forkserver) takes us down too; SIGKILL, since SIGTERM is ignored now.
+    set_parent_death_signal(signal.SIGKILL)
+    dump_handle = register_stack_dump(dump_fd)  # the runner sends SIGUSR1 when our heartbeat stops
+    torch.set_num_threads(threads)
+    torch.manual_seed(torch_seed)
+    if rng_state is not None:
+        torch.set_rng_state(rng_state)
+    return dump_handle
+
+
+def _start_sampler(
+    envs: list, policy_fn: Callable, store: TrajectoryStore, param_store: ParamStore, episodes: EpisodeRing,
+    control: torch.Tensor, cfg: SamplerConfig, split_seeds: list[int],
+) -> Sampler:  # fmt: skip
+    """The process's Sampler on ``envs``, its policy on the acting device, its counters continued from ``control``."""
+    policy = policy_fn().to(acting_device(cfg.device))  # sampler.device: e.g. a CNN acts on the learner's GPU
+    sampler = Sampler(
+        envs, policy, store, cfg, param_store=param_store, episodes=episodes, control=control, split_seeds=split_seeds
+    )
+    # a replacement process continues the counters of the one before it
+    sampler.env_steps, sampler.wait_s = int(control[CTRL_SAMPLER_STEPS]), float(control[CTRL_SAMPLER_WAIT_S])
+    return sampler
+
+
+def _sampler_loop(
+    sampler: Sampler, control: torch.Tensor, poll_s: float, rng_shared: SharedRngState, parent_pid: int,
+    slot_hook: Callable[[int], None] | None,
+) -> None:  # fmt: skip
+    """Advance until the runner sets CTRL_STOP or is gone; at each READY slot publish the RNG state, count the slot
+    in ``control`` and call ``slot_hook``."""
+    next_parent_check_s = 0.0
+    while control[CTRL_STOP] == 0:
+        num_ready = sampler.advance(wait_s=poll_s)
+        if num_ready:  # a slot became READY: publish the RNG state at this boundary
+            rng_shared.write(torch.get_rng_state())  # PERF: a 5 KB copy per slot, never a wait
+            for _ in range(num_ready):  # the splits of one pass may finish together: one call per slot
+                control[CTRL_SAMPLER_SLOTS] += 1
+                if slot_hook is not None:
+                    slot_hook(int(control[CTRL_SAMPLER_SLOTS]))
+        now = time.monotonic()
+        if now >= next_parent_check_s:  # the runner (not necessarily our OS parent: forkserver) still there?
+            if not pid_alive(parent_pid):
+                break
+            next_parent_check_s = now + 0.5
 
 
 class Runner:

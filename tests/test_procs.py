@@ -111,6 +111,37 @@ def test_leaked_shm_counts_only_entries_there_and_unmapped_from_the_first_look_o
                 os.unlink(path)
 
 
+def test_unmapped_in_every_look_with_ownership_by_name():
+    """The fault benchmark's rule (benchmarks/faults.py Run.leaked): the entries a run mapped that exist and stay
+    unmapped through the window; an owned entry released during the window, another program's unmapped entry and an
+    owned entry still mapped are not leaks."""
+    import mmap
+
+    from sample_fast.procs import unmapped_in_every_look
+
+    pid = os.getpid()
+    kept, released, mapped_one, foreign = (f"psm_sftest_{pid}_{tag}" for tag in ("kept", "released", "mapped", "x"))
+    for name in (kept, released, mapped_one, foreign):
+        _write(f"/dev/shm/{name}")
+    owned = {kept, released, mapped_one}
+
+    def existing() -> set[str]:
+        return {n for n in owned if os.path.exists(f"/dev/shm/{n}")}
+
+    timer = threading.Timer(0.3, os.unlink, args=(f"/dev/shm/{released}",))
+    try:
+        with open(f"/dev/shm/{mapped_one}", "r+b") as f, mmap.mmap(f.fileno(), 4096):
+            timer.start()
+            assert unmapped_in_every_look(existing, wait_s=0.8) == {kept}
+        assert unmapped_in_every_look(existing, wait_s=0.0) == {kept, mapped_one}  # unmapped now
+    finally:
+        timer.cancel()
+        timer.join(timeout=5)
+        for name in (kept, released, mapped_one, foreign):
+            if os.path.exists(f"/dev/shm/{name}"):
+                os.unlink(f"/dev/shm/{name}")
+
+
 def _write(path: str) -> None:
     with open(path, "wb") as f:
         f.write(b"\0" * 4096)
