@@ -56,9 +56,8 @@ class PolicyConfig:
     #: features cast back to float32 before the heads, in the sampler's act and the learner's update alike: "auto"
     #: where the CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16 flags), "always", or "never" (float32). On a
     #: Zen 4 host a Nature-CNN Adam step is 1.35-1.89x faster, act 1.17-1.34x, a Pong training run 1.32-1.70x
-    #: (benchmarks/results/cnn_cpu_bf16.md, benchmarks/results/cpu_bf16_pong/). The
-    #: Atari presets set "auto". CUDA uses the learner's own ``learner.bf16`` autocast instead. An MLP encoder
-    #: ignores "auto" and rejects "always".
+    #: (benchmarks/results/cnn_cpu_bf16.md, benchmarks/results/cpu_bf16_pong/). The Atari presets set "auto". CUDA
+    #: uses the learner's own ``learner.bf16`` autocast instead. An MLP encoder ignores "auto" and rejects "always".
     cpu_bf16: str = "never"
     #: Initial log standard deviation of the Gaussian policy (continuous actions); std = exp(-0.5) ~ 0.61.
     init_log_std: float = -0.5
