@@ -1,9 +1,11 @@
-"""Time to a mean game score: ``env=pong`` (a run's progress.csv) against the CleanRL-style peer (its updates.csv).
+"""Time to a mean game score: ``env=pong`` (a run's progress.csv) against the CleanRL-style peer (its updates.csv)
+and Sample Factory's Atari example (the curve.csv of ``benchmarks/sf_pong_race.py``).
 
-Both logs carry the mean unclipped score of the last 100 finished games (ours: ``episode_return_mean``, the
-trainer's ``logging.return_window=100``; the peer: ``score_mean100``), training wall-clock seconds and env steps. This
-script reads them, finds the first time each mean reaches each threshold, and writes a Markdown table and one PNG with
-both curves over wall-clock time and over env steps:
+Every log carries the mean score of the last 100 finished games (ours: ``episode_return_mean``, the trainer's
+``logging.return_window=100``; the CleanRL-style peer: ``score_mean100``; Sample Factory: its ``Avg episode reward``
+over ``--stats_avg`` = 100 games, which for Pong is the game score), wall-clock seconds and env steps. This script
+reads them, finds the first time each mean reaches each threshold, and writes a Markdown table and one PNG with the
+curves over wall-clock time and over env steps:
 
     .venv/bin/python benchmarks/pong_race.py --ours benchmarks/results/train_pong_default/progress.csv \\
         --peer benchmarks/results/race_pong_cleanrl/updates.csv --out benchmarks/results/race_pong_cleanrl/race
@@ -90,6 +92,18 @@ def read_peer(path: str) -> Curve:
     )
 
 
+def read_sf(path: str) -> Curve:
+    """``benchmarks/sf_pong_race.py``'s curve.csv (its clock, launch_s, counts SF's start-up)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return Curve(
+        "Sample Factory 2.1.1",
+        [float(r["launch_s"]) for r in rows],
+        [float(r["env_steps"]) for r in rows],
+        [_float(r["episode_return_mean"]) for r in rows],
+    )
+
+
 def table(curves: list[Curve]) -> str:
     def cell(hit: tuple[float, float] | None, curve: Curve) -> str:
         if hit is None:
@@ -137,11 +151,13 @@ def plot(curves: list[Curve], png_path: str, title: str = "Pong-v5 on a 2-core C
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ours", required=True, help="progress.csv of an env=pong run")
-    p.add_argument("--peer", help="updates.csv of benchmarks/cleanrl_ppo_atari.py (omit: our run alone)")
+    p.add_argument("--peer", help="updates.csv of benchmarks/cleanrl_ppo_atari.py")
+    p.add_argument("--sf", help="curve.csv of benchmarks/sf_pong_race.py (omit both peers: our run alone)")
     p.add_argument("--out", required=True, help="output prefix: <out>.md and <out>.png")
     p.add_argument("--title", default="Pong-v5 on a 2-core CPU", help="the figure's title")
     args = p.parse_args(argv)
     curves = [read_ours(args.ours)] + ([read_peer(args.peer)] if args.peer else [])
+    curves += [read_sf(args.sf)] if args.sf else []
     text = table(curves)
     with open(args.out + ".md", "w") as f:
         f.write(text + "\n")

@@ -143,6 +143,78 @@ def test_pong_race_times_to_a_mean_score(tmp_path, load_bench):
     assert alone[0] == "| mean score of the last 100 games | sample_fast env=pong |"
     assert "| >= +20 | not reached in 40 s (0.00M) |" in alone and "| at 40 s | -1.00 |" in alone
     assert not any(line.startswith("| at 60 s") for line in alone)
+    # with Sample Factory's curve (sf_pong_race.py's curve.csv, its launch clock) as a third column
+    sf = tmp_path / "curve.csv"
+    sf.write_text(
+        "launch_s,env_steps,episode_return_mean,fps,trainer_wall_s\n12,100,nan,0,nan\n22,250,-3,15,nan\n"
+        "32,350,0,10,nan\n"
+    )
+    c = race.read_sf(str(sf))
+    assert c.first_reach(-5.0) == (22.0, 250.0) and c.first_reach(0.0) == (32.0, 350.0) and c.median_fps() == 15.0
+    assert race.main(["--ours", str(ours), "--peer", str(peer), "--sf", str(sf), "--out", str(tmp_path / "three")]) == 0
+    three = (tmp_path / "three.md").read_text().splitlines()
+    head = "| mean score of the last 100 games | sample_fast env=pong | CleanRL-style PPO | Sample Factory 2.1.1 |"
+    assert three[0] == head
+    assert "| >= +0 | 30 s (0.00M) | not reached in 45 s (0.00M) | 32 s (0.00M) |" in three
+
+
+# A stand-in for .venv-sf's python: as SF's Atari example it prints two 5-s reports in SF's log format (the second
+# one at a mean score of +0.5), then trains on (sleeps) until it is killed; asked for versions (-c), it prints none.
+FAKE_SF = """#!/bin/sh
+if [ "$1" != "-m" ]; then exit 0; fi
+echo "$@" > "$(dirname "$0")/argv"
+echo "[2026-12-03 10:00:05,000][00123] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0."
+echo "[2026-12-03 10:00:10,000][00123] Fps is (10 sec: 200.0, 60 sec: 190.0, 300 sec: 190.0). Total num frames: 2048."
+echo "[2026-12-03 10:00:10,001][00123] Avg episode reward: [(0, '-20.500')], avg true_objective: [(0, '-20.500')]"
+echo "[2026-12-03 10:00:15,000][00123] Fps is (10 sec: 210.0, 60 sec: 200.0, 300 sec: 200.0). Total num frames: 4096."
+echo "[2026-12-03 10:00:15,001][00123] Avg episode reward: [(0, '0.500')], avg true_objective: [(0, '0.500')]"
+exec sleep 120
+"""
+
+
+def _fake_sf_venv(tmp_path):
+    venv = tmp_path / "venv-sf"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(FAKE_SF)
+    python.chmod(0o755)
+    return venv
+
+
+def test_sf_pong_race_follows_sample_factory_and_stops_its_session(tmp_path, load_bench):
+    import json
+
+    from sample_fast.procs import pid_alive
+
+    sfr = load_bench("sf_pong_race")
+    venv = _fake_sf_venv(tmp_path)
+    out = tmp_path / "out"
+    argv = ["--time-limit-s", "60", "--out-dir", str(out), "--sf-venv", str(venv), "--stop-at", "0", "--seed", "3"]
+    assert sfr.main([*argv, "--sf-workers", "2", "--quiet-timeout-s", "1"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["stop_reason"] == "threshold" and meta["steps_at_0"] == 4096 and meta["best_mean_score"] == 0.5
+    assert 0 < meta["time_to_0_s"] < 60 and meta["final_env_steps"] == 4096
+    curve = sfr.race.read_curve(str(out / "curve.csv"))
+    assert [(p.env_steps, p.episode_return_mean, p.fps) for p in curve] == [(2048, -20.5, 200.0), (4096, 0.5, 210.0)]
+    # the FPS suite's layout: the example's 8 envs over the 2 workers, agent steps counted, the seed passed on
+    sent = (venv / "bin" / "argv").read_text().split()
+    for flag in ("--env=atari_pong", "--num_workers=2", "--num_envs_per_worker=4", "--summaries_use_frameskip=False",
+                 "--seed=3", "--device=cpu"):  # fmt: skip
+        assert flag in sent
+    # SF's whole session is gone (the fake's `sleep` would have run for 2 minutes)
+    assert meta["pid"] > 0 and not pid_alive(meta["pid"]) and not sfr.race.session_pids(meta["pid"])
+
+
+def test_sf_pong_race_bad_input_writes_nothing(tmp_path, load_bench, capsys):
+    sfr = load_bench("sf_pong_race")
+    out = tmp_path / "out"
+    argv = ["--out-dir", str(out), "--sf-venv", str(tmp_path / "missing")]
+    assert sfr.main(["--time-limit-s", "60", *argv]) == 2
+    assert "build it with: bash benchmarks/sample_factory/setup_venv.sh" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sfr.main(["--time-limit-s", "0", *argv])
+    assert "--time-limit-s=0 must be > 0 seconds" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_gpu_scripts_parse_and_pin_the_wheels_the_trainer_imports():
