@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import csv
+import datetime
 import importlib.metadata
 import io
 import json
@@ -157,6 +158,28 @@ class SFLogParser:
         if m:
             return CurvePoint(launch_s, self._frames, float(m.group(1)), self._fps)
         return None
+
+
+_SF_TIME_RE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]")
+
+
+def parse_sf_log_timed(text: str | bytes, launch_unix: float) -> list[CurvePoint]:
+    """All points of a complete SF log, each stamped by SF's own clock: its line's time minus ``launch_unix``.
+
+    SF stamps every console line with local wall time to the millisecond; this rebuilds a curve from the log alone
+    (after an interruption, when the follower's in-memory curve is gone). Lines without a stamp get NaN.
+    """
+    parser = SFLogParser()
+    data = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    points = []
+    for line in data.split("\n"):
+        m = _SF_TIME_RE.search(_ANSI_RE.sub("", line))
+        launch_s = math.nan
+        if m:
+            stamp = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1e3
+            launch_s = stamp - launch_unix
+        points += parser.feed((line + "\n").encode(), launch_s)
+    return points
 
 
 def parse_sf_log(text: str | bytes) -> list[CurvePoint]:

@@ -158,26 +158,42 @@ def test_pong_race_times_to_a_mean_score(tmp_path, load_bench):
     assert "| >= +0 | 30 s (0.00M) | not reached in 45 s (0.00M) | 32 s (0.00M) |" in three
 
 
-# A stand-in for .venv-sf's python: as SF's Atari example it prints two 5-s reports in SF's log format (the second
-# one at a mean score of +0.5), then trains on (sleeps) until it is killed; asked for versions (-c), it prints none.
+# A stand-in for .venv-sf's python: as SF's Atari example it prints two reports in SF's log format, stamped with the
+# wall time as SF stamps its lines (the second one at a mean score of +0.5), then trains on (sleeps) until it is
+# killed. Asked to check the sticky-actions hook (-c ... sample_fast_sf_sticky ...), it answers as the hook would
+# when bin/hook exists (its content, or else $SAMPLE_FAST_SF_STICKY) and fails as a venv without it otherwise;
+# asked for versions (any other -c), it prints none.
 FAKE_SF = """#!/bin/sh
+bin="$(dirname "$0")"
+if [ "$1" = "-c" ]; then
+  case "$2" in *sample_fast_sf_sticky*)
+    [ -f "$bin/hook" ] || { echo "ModuleNotFoundError: No module named 'sample_fast_sf_sticky'" >&2; exit 1; }
+    v="$(cat "$bin/hook")"; echo "sticky ${v:-$SAMPLE_FAST_SF_STICKY}"; exit 0;;
+  esac
+fi
 if [ "$1" != "-m" ]; then exit 0; fi
-echo "$@" > "$(dirname "$0")/argv"
-echo "[2026-12-03 10:00:05,000][00123] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0."
-echo "[2026-12-03 10:00:10,000][00123] Fps is (10 sec: 200.0, 60 sec: 190.0, 300 sec: 190.0). Total num frames: 2048."
-echo "[2026-12-03 10:00:10,001][00123] Avg episode reward: [(0, '-20.500')], avg true_objective: [(0, '-20.500')]"
-echo "[2026-12-03 10:00:15,000][00123] Fps is (10 sec: 210.0, 60 sec: 200.0, 300 sec: 200.0). Total num frames: 4096."
-echo "[2026-12-03 10:00:15,001][00123] Avg episode reward: [(0, '0.500')], avg true_objective: [(0, '0.500')]"
+echo "$@" > "$bin/argv"
+echo "$SAMPLE_FAST_SF_STICKY" > "$bin/sticky"
+echo $$ > "$bin/pid"
+now() { date '+%Y-%m-%d %H:%M:%S,000'; }
+echo "[$(now)][00123] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0."
+sleep 1
+echo "[$(now)][00123] Fps is (10 sec: 200.0, 60 sec: 190.0, 300 sec: 190.0). Total num frames: 2048."
+echo "[$(now)][00123] Avg episode reward: [(0, '-20.500')], avg true_objective: [(0, '-20.500')]"
+echo "[$(now)][00123] Fps is (10 sec: 210.0, 60 sec: 200.0, 300 sec: 200.0). Total num frames: 4096."
+echo "[$(now)][00123] Avg episode reward: [(0, '0.500')], avg true_objective: [(0, '0.500')]"
 exec sleep 120
 """
 
 
-def _fake_sf_venv(tmp_path):
+def _fake_sf_venv(tmp_path, hook=True):
     venv = tmp_path / "venv-sf"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
     python.write_text(FAKE_SF)
     python.chmod(0o755)
+    if hook:
+        (venv / "bin" / "hook").write_text("")
     return venv
 
 
@@ -201,8 +217,77 @@ def test_sf_pong_race_follows_sample_factory_and_stops_its_session(tmp_path, loa
     for flag in ("--env=atari_pong", "--num_workers=2", "--num_envs_per_worker=4", "--summaries_use_frameskip=False",
                  "--seed=3", "--device=cpu"):  # fmt: skip
         assert flag in sent
+    # sticky actions as env=pong plays, checked before the launch and passed to every SF process
+    assert meta["sticky_actions"] == 0.25 and (venv / "bin" / "sticky").read_text().strip() == "0.25"
     # SF's whole session is gone (the fake's `sleep` would have run for 2 minutes)
     assert meta["pid"] > 0 and not pid_alive(meta["pid"]) and not sfr.race.session_pids(meta["pid"])
+
+
+def test_sf_pong_race_interrupted_keeps_the_curve_and_stops_sample_factory(tmp_path):
+    """SIGTERM mid-race (what a batch system sends): SF's session is killed, curve.csv comes from its log."""
+    import csv
+    import json
+    import signal
+    import subprocess
+    import time
+
+    venv = _fake_sf_venv(tmp_path)
+    out = tmp_path / "out"
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sf_pong_race.py")
+    argv = ["--time-limit-s", "60", "--out-dir", str(out), "--sf-venv", str(venv), "--stop-at", "5"]
+    proc = subprocess.Popen([sys.executable, script, *argv, "--quiet-timeout-s", "1", "--sticky", "0"])
+    try:
+        deadline = time.monotonic() + 60
+        while b"'0.500'" not in ((out / "stdout.log").read_bytes() if (out / "stdout.log").exists() else b""):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["stop_reason"] == "interrupted" and meta["sticky_actions"] == 0.0
+    assert meta["time_to_0_s"] is not None and meta["steps_at_0"] == 4096 and meta["best_mean_score"] == 0.5
+    rows = list(csv.DictReader(open(out / "curve.csv")))
+    assert [(float(r["env_steps"]), float(r["episode_return_mean"])) for r in rows] == [(2048, -20.5), (4096, 0.5)]
+    # stamped by SF's own clock since the launch: after the fake's 1-s pause, before the interrupt
+    assert all(0.5 < float(r["launch_s"]) < meta["wall_s"] + 1 for r in rows)
+    assert (venv / "bin" / "sticky").read_text().strip() == "0.0"
+    from sample_fast.procs import pid_alive
+
+    assert not pid_alive(int((venv / "bin" / "pid").read_text()))  # the fake's `sleep 120` (exec'd: same pid)
+
+
+@pytest.mark.parametrize("value, expected", [("0.25", 0.25), ("", 0.0)])
+def test_sf_sticky_hook_sets_ale_repeat_action_probability(value, expected):
+    """The hook setup_venv.sh installs in .venv-sf, run here on this venv's gymnasium and ale-py (a fresh process:
+    it patches gymnasium.make): NoFrameskip-v4 ids get the variable's value, other ids and an unset variable not."""
+    import subprocess
+
+    hook_dir = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sample_factory")
+    code = "import sample_fast_sf_sticky as s; print('sticky', s.check(), s.check('ALE/Pong-v5'))"
+    env = dict(os.environ, PYTHONPATH=hook_dir, SAMPLE_FAST_SF_STICKY=value)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("sticky ")]
+    assert [float(x) for x in line.split()[1:]] == [expected, 0.25]  # Pong-v5 keeps its own default
+
+
+def test_sf_log_timed_stamps_points_by_sf_clock(load_bench):
+    import datetime
+
+    race = load_bench("race_ant_v4")
+    log = (
+        "\x1b[36m[2026-12-03 10:00:05,000][00123] Fps is (10 sec: 100.0, 60 sec: 1, 300 sec: 1). "
+        "Total num frames: 1024.\x1b[0m\n"
+        "[2026-12-03 10:00:07,250][00123] Avg episode reward: [(0, '-3.000')]\n"
+        "no stamp here\n"
+    )
+    launch = datetime.datetime(2026, 12, 3, 10, 0, 0).timestamp()  # SF stamps local time, as this does
+    (point,) = race.parse_sf_log_timed(log, launch)
+    assert (point.env_steps, point.episode_return_mean, point.fps) == (1024, -3.0, 100.0)
+    assert point.launch_s == pytest.approx(7.25, abs=1e-6)
 
 
 def test_sf_pong_race_bad_input_writes_nothing(tmp_path, load_bench, capsys):
@@ -214,7 +299,19 @@ def test_sf_pong_race_bad_input_writes_nothing(tmp_path, load_bench, capsys):
     with pytest.raises(SystemExit):
         sfr.main(["--time-limit-s", "0", *argv])
     assert "--time-limit-s=0 must be > 0 seconds" in capsys.readouterr().err
-    assert not out.exists()
+    with pytest.raises(SystemExit):
+        sfr.main(["--time-limit-s", "60", "--sticky", "1.5", *argv])
+    assert "--sticky=1.5 must be in [0, 1)" in capsys.readouterr().err
+    # a venv without the sticky-actions hook, or one whose hook sets another value: the fix named, nothing written
+    venv = _fake_sf_venv(tmp_path, hook=False)
+    argv = ["--time-limit-s", "60", "--out-dir", str(out), "--sf-venv", str(venv)]
+    assert sfr.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot set sticky actions" in err and "setup_venv.sh" in err and "sample_fast_sf_sticky" in err
+    (venv / "bin" / "hook").write_text("0")
+    assert sfr.main(argv) == 2
+    assert "sticky actions 0, not --sticky=0.25" in capsys.readouterr().err
+    assert not out.exists() and not (venv / "bin" / "argv").exists()
 
 
 def test_gpu_scripts_parse_and_pin_the_wheels_the_trainer_imports():
