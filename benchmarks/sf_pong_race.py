@@ -10,17 +10,17 @@ frame skip 4 with max-pooling, 84x84 grayscale, 4 frames, up to 30 no-ops) with 
 and, by default, sticky actions 0.25 as ``env=pong`` plays (``--sticky``; PongNoFrameskip-v4 itself has none: the
 hook ``benchmarks/sample_factory/sample_fast_sf_sticky.py``, installed in .venv-sf by setup_venv.sh, sets ALE's
 repeat_action_probability in every SF process; this script checks it took effect before the launch), in the FPS
-suite's process layout for this machine (``--num_workers`` = cores, the example's 8
-envs spread over them: its 4 x 256-sample minibatches need one rollout of all 8) and counting agent steps
-(``--summaries_use_frameskip=False``), as the FPS suite's ``sample_factory`` peer does. Before the launch it waits
-until no trainer is running and the CPUs are idle; it launches SF in its own session, follows its console log
-(``race_ant_v4``'s parser: SF's mean episode reward over its last ``--stats_avg`` = 100 games, which for Pong is the
-game score, and its learner's step counter), stops it at ``--time-limit-s`` from launch or at the first report at or
-above ``--stop-at``, kills every process of its session, and writes ``curve.csv`` (launch_s, env_steps,
-episode_return_mean, fps), ``stdout.log``, SF's resolved ``config.json`` and ``meta.json`` to ``--out-dir``.
-The clock starts at the launch, so SF's start-up (about 10-20 s) counts against it. Stopped early (Ctrl-C or SIGTERM),
-it still stops SF's session and writes ``curve.csv`` and ``meta.json`` (stop_reason "interrupted"), the curve then
-rebuilt from ``stdout.log`` by SF's own timestamps.
+suite's process layout for this machine (``--num_workers`` = cores, the example's 8 envs spread over them: its 4 x
+256-sample minibatches need one rollout of all 8) and counting agent steps (``--summaries_use_frameskip=False``), as
+the FPS suite's ``sample_factory`` peer does. Before the launch it waits until no trainer is running and the CPUs
+are idle; it launches SF in its own session, follows its console log (``race_ant_v4``'s parser: SF's mean episode
+reward over its last ``--stats_avg`` = 100 games, which for Pong is the game score, and its learner's step counter),
+stops it at ``--time-limit-s`` from launch or at the first report at or above ``--stop-at``, kills every process of
+its session, and writes ``curve.csv`` (launch_s, env_steps, episode_return_mean, fps), ``stdout.log``, SF's resolved
+``config.json`` and ``meta.json`` to ``--out-dir``. The clock starts at the launch, so SF's start-up (~35 s to its
+first report on 2 cores) counts against it. Stopped early (Ctrl-C or SIGTERM), it still stops SF's session and
+writes ``curve.csv`` and ``meta.json`` (stop_reason "interrupted"), the curve then rebuilt from ``stdout.log`` by
+SF's own timestamps.
 """
 
 from __future__ import annotations
