@@ -175,7 +175,7 @@ if [ "$1" != "-m" ]; then exit 0; fi
 echo "$@" > "$bin/argv"
 echo "$SAMPLE_FAST_SF_STICKY" > "$bin/sticky"
 echo $$ > "$bin/pid"
-now() { date '+%Y-%m-%d %H:%M:%S,000'; }
+now() { date '+%Y-%m-%d %H:%M:%S,%3N'; }  # SF's stamp, to the millisecond
 echo "[$(now)][00123] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0."
 sleep 1
 echo "[$(now)][00123] Fps is (10 sec: 200.0, 60 sec: 190.0, 300 sec: 190.0). Total num frames: 2048."
