@@ -167,7 +167,8 @@ def parse_sf_log_timed(text: str | bytes, launch_unix: float) -> list[CurvePoint
     """All points of a complete SF log, each stamped by SF's own clock: its line's time minus ``launch_unix``.
 
     SF stamps every console line with local wall time to the millisecond; this rebuilds a curve from the log alone
-    (after an interruption, when the follower's in-memory curve is gone). Lines without a stamp get NaN.
+    (after an interruption, when the follower's in-memory curve is gone). Lines without a stamp, and every line when
+    ``launch_unix`` is NaN, get NaN.
     """
     parser = SFLogParser()
     data = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
@@ -184,9 +185,7 @@ def parse_sf_log_timed(text: str | bytes, launch_unix: float) -> list[CurvePoint
 
 def parse_sf_log(text: str | bytes) -> list[CurvePoint]:
     """All points of a complete SF log (launch_s unknown: NaN)."""
-    parser = SFLogParser()
-    data = text.encode() if isinstance(text, str) else text
-    return parser.feed(data + b"\n", math.nan)
+    return parse_sf_log_timed(text, math.nan)
 
 
 class ProgressCsvReader:

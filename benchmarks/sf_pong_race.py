@@ -141,7 +141,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.makedirs(out_dir, exist_ok=True)
     train_dir = tempfile.mkdtemp(prefix="sf_pong_race_")
     log_path = os.path.join(out_dir, "stdout.log")
-    launch_unix = math.nan
     try:
         quiet = race.wait_until_quiet("sf_pong", args)
         c = contender(args, train_dir, log_path)
@@ -152,7 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 c, args.seed, args.stop_at, args.time_limit_s, poll_s=1.0, report_every_s=args.report_every_s
             )
         except KeyboardInterrupt:  # SF's session is already stopped; keep what it logged
-            result = race.RunResult("sf", args.seed, c.command, load, stop_reason="interrupted")
+            result = race.RunResult(c.name, args.seed, c.command, load, stop_reason="interrupted")
             result.wall_s = time.time() - launch_unix
             with open(log_path, "rb") as f:
                 result.curve = race.parse_sf_log_timed(f.read(), launch_unix)
