@@ -17,7 +17,11 @@ round. The peer here is the same network in the other layout.
     python benchmarks/bench_cnn.py --lever bf16 --name cnn_cpu_bf16   # -> benchmarks/results/cnn_cpu_bf16.{json,md}
 
 compares instead the trunk under CPU bf16 autocast (``policy.cpu_bf16=always``) with float32 (``never``), both in
-channels_last; the machine record says whether the CPU has native bf16 (``cpu_has_native_bf16``). Take
+channels_last; the machine record says whether the CPU has native bf16 (``cpu_has_native_bf16``).
+
+    python benchmarks/bench_cnn.py --lever pixnorm --name cnn_cpu_pixnorm --encoders nature_cnn --threads 2
+
+prices ``policy.normalize_pixels`` (the Atari presets' per-pixel normalisation) against the 1/255 scale. Take
 /tmp/race.lock while it runs (docs/benchmark.md).
 """
 
@@ -38,7 +42,7 @@ from sample_fast.encoders import cpu_has_native_bf16  # noqa: E402
 OUT = ROOT / "benchmarks" / "results"
 ENCODERS = {"nature_cnn": [512], "impala_cnn": [256]}
 #: --lever: (name of the case with the lever, name of the case without it), as the result columns say.
-LEVERS = {"layout": ("channels_last", "nchw"), "bf16": ("bf16", "float32")}
+LEVERS = {"layout": ("channels_last", "nchw"), "bf16": ("bf16", "float32"), "pixnorm": ("pixnorm", "scale255")}
 
 
 def run_case(case: dict) -> dict:
@@ -53,8 +57,9 @@ def run_case(case: dict) -> dict:
     torch.manual_seed(0)
     frames = Spec(shape=(4, 84, 84), dtype=torch.uint8)
     actions_spec = Spec(shape=(), dtype=torch.int64, num_actions=6)
+    bf16 = {True: "always", False: "never", "auto": "auto"}[case.get("bf16", False)]
     cfg = PolicyConfig(encoder=case["encoder"], hidden_sizes=ENCODERS[case["encoder"]], activation="relu",
-                       cpu_bf16="always" if case.get("bf16") else "never")  # fmt: skip
+                       cpu_bf16=bf16, normalize_pixels=bool(case.get("pixnorm")), obs_clip=5.0)  # fmt: skip
     policy = ActorCritic(frames, actions_spec, cfg)
     conv = next(m for m in policy.modules() if isinstance(m, torch.nn.Conv2d))
     layout = "channels_last" if conv.weight.is_contiguous(memory_format=torch.channels_last) else "nchw"
@@ -66,7 +71,11 @@ def run_case(case: dict) -> dict:
     ret = torch.randn(n, generator=g)
     opt = torch.optim.Adam(policy.parameters(), lr=2.5e-4, eps=1e-5)
 
+    stats_rows = obs[: max(1, n // 4)]  # the learner: one statistics update per batch, then 4 epochs over it
+
     def train(_k: int) -> None:
+        if case.get("pixnorm"):
+            policy.update_normalizer(stats_rows)
         logp, entropy, values = policy.evaluate(obs, acts)
         loss = -(logp.exp() * adv).mean() - 0.01 * entropy.mean() + 0.5 * (values - ret).square().mean()
         opt.zero_grad(set_to_none=True)
@@ -98,7 +107,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--name", default="cnn_cpu")
     parser.add_argument("--lever", choices=sorted(LEVERS), default="layout",
-                        help="layout: channels_last vs NCHW; bf16: bf16 trunk vs float32")  # fmt: skip
+                        help="layout: channels_last vs NCHW; bf16: bf16 trunk vs float32; pixnorm: "
+                             "normalize_pixels vs the 1/255 scale")  # fmt: skip
     harness.add_quiet_arguments(parser)
     args = parser.parse_args()
     if args.case:
@@ -126,6 +136,8 @@ def main() -> None:
         def run(_round: int) -> dict:
             layout = args.lever == "layout"  # layout: NCHW or channels_last; bf16: both in channels_last
             lever = {"channels_last": on or not layout, "bf16": on and not layout}
+            if args.lever == "pixnorm":  # the Atari preset's policy (channels_last, cpu_bf16=auto) with and without
+                lever = {"channels_last": True, "bf16": "auto", "pixnorm": on}
             case = {**base, "encoder": enc, "kind": kind, "threads": t, **lever}
             res = harness.run_case_in_subprocess(__file__, case, args.timeout_s)
             if "error" in res:
@@ -155,7 +167,13 @@ def main() -> None:
     data = {"machine": machine, "quiet": quiet, "lever": args.lever,
             "settings": {**base, "threads": threads}, "rounds": args.rounds, "elapsed_s": time.perf_counter() - t0,
             "results": {"/".join(map(str, k)): v for k, v in results.items()}, "rows": rows}  # fmt: skip
-    title = {"layout": "channels_last vs NCHW", "bf16": "bf16 trunk (CPU autocast) vs float32, both channels_last"}
+    title = {
+        "layout": "channels_last vs NCHW",
+        "bf16": "bf16 trunk (CPU autocast) vs float32, both channels_last",
+        "pixnorm": "per-pixel normalisation (normalize_pixels; train: plus a statistics update of a quarter of "
+        "the minibatch per step, the learner's ratio over 4 epochs) vs the 1/255 scale, both "
+        "channels_last with cpu_bf16=auto",
+    }
     md = [
         f"# CNN policies on the CPU: {title[args.lever]} (Pong frames uint8 [4, 84, 84], 6 actions)",
         "",

@@ -69,10 +69,16 @@ class PolicyConfig:
     #: away: seen on halfcheetah at lr 3e-3, mean |a| ~ 34 and KL ~ 100). Samples stay unsquashed (the env clips).
     squash_mean: bool = True
     #: Normalise observations with running mean/std statistics (updated by the learner). MLP only: the CNN
-    #: encoders scale uint8 pixels by 1/255 instead (pixel statistics would only add a per-pixel affine map).
+    #: encoders scale uint8 pixels by 1/255, or normalise each pixel with ``normalize_pixels``.
     normalize_obs: bool = True
     #: Normalised observations are clipped to [-obs_clip, obs_clip].
     obs_clip: float = 10.0
+    #: CNN encoders: normalise every input pixel by its own running mean/std (Sample Factory's ``normalize_input``
+    #: on Atari; statistics updated by the learner, travelling with the weights) instead of the plain 1/255 scale.
+    #: Static background pixels become ~0 and the moving objects stand out (clipped to [-obs_clip, obs_clip]). The
+    #: variance floor is Sample Factory's 1e-5 on the [0, 1] scale. Needs uint8 frames. MLP encoders ignore it (they
+    #: use ``normalize_obs``), so ``env=pong policy.encoder=mlp`` works with the preset's value.
+    normalize_pixels: bool = False
     #: Orthogonal-init gain of the actor's output layer (CleanRL: 0.01, so the initial policy is near-uniform).
     actor_out_gain: float = 0.01
     #: Orthogonal-init gain of the critic's output layer (CleanRL: 1.0).
@@ -145,6 +151,11 @@ class PolicyConfig:
                 f"{prefix}encoder=mlp on uint8 frames {list(shape)} needs {prefix}normalize_obs=true (else it sees "
                 f"raw 0-255 pixels); or use {prefix}encoder=auto (a CNN)"
             )
+        if self.normalize_pixels and encoder != "mlp" and dtype != torch.uint8:
+            raise PolicyConfigError(
+                f"{prefix}normalize_pixels needs uint8 frames (its variance floor is on the 0-255 scale); these are "
+                f"{dtype}: drop {prefix}normalize_pixels"
+            )
         self.check_encoder(encoder, prefix)
         return encoder
 
@@ -188,6 +199,41 @@ def _mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain
     return nn.Sequential(*layers)
 
 
+def _moments(x: Tensor, chunk_bytes: int = 1 << 25) -> tuple[Tensor, Tensor]:
+    """float64 mean and population variance over dim 0 of ``x`` ``[N, dim]``, in row chunks of about
+    ``chunk_bytes`` float64 bytes merged exactly (Chan et al.): a pixel batch (2,048 x 28,224) as float64 would be
+    460 MB at once."""
+    rows = max(1, chunk_bytes // (8 * max(1, x.shape[1])))
+    if x.dtype == torch.uint8:  # pixels: exact integer sums (int32 per chunk of <= 32k rows), a third of the passes
+        total, total_sq = torch.zeros(x.shape[1], dtype=torch.int64), torch.zeros(x.shape[1], dtype=torch.int64)
+        rows = min(rows * 2, 32768)  # int32 chunks: half the bytes of float64; 32768 * 255^2 < 2^31
+        for start in range(0, x.shape[0], rows):
+            c = x[start : start + rows].to(torch.int32)
+            total += c.sum(dim=0)
+            total_sq += c.square_().sum(dim=0)
+        n = x.shape[0]
+        mean = total.to(torch.float64) / n
+        return mean, (total_sq.to(torch.float64) / n - mean.square()).clamp_(min=0.0)
+    if x.shape[0] <= rows:
+        x = x.to(torch.float64)
+        return x.mean(dim=0), x.var(dim=0, unbiased=False)
+    count, mean, m2 = 0, None, None
+    for start in range(0, x.shape[0], rows):
+        c = x[start : start + rows].to(torch.float64)
+        n = c.shape[0]
+        c_mean = c.mean(dim=0)
+        c_m2 = (c - c_mean).square_().sum(dim=0)
+        if mean is None:
+            count, mean, m2 = n, c_mean, c_m2
+            continue
+        total = count + n
+        delta = c_mean - mean
+        m2 = m2 + c_m2 + delta.square() * (count * n / total)
+        mean = mean + delta * (n / total)
+        count = total
+    return mean, m2 / count
+
+
 class RunningNormalizer(nn.Module):
     """Running mean/variance of observations, merged batch by batch (Chan et al. parallel variance).
 
@@ -209,12 +255,10 @@ class RunningNormalizer(nn.Module):
     def update(self, x: Tensor, merge: Any = None) -> None:
         """Merge a batch ``x`` ``[N, dim]`` into the statistics (population variance). ``merge(n, mean, var)``
         (distributed) replaces the batch's moments by those of all ranks' batches."""
-        x = x.to(torch.float64)
         n = x.shape[0]
         if n == 0:
             return
-        batch_mean = x.mean(dim=0)
-        batch_var = x.var(dim=0, unbiased=False)
+        batch_mean, batch_var = _moments(x)
         if merge is not None:
             n, batch_mean, batch_var = merge(n, batch_mean, batch_var)
         total = self.count + n
@@ -230,6 +274,13 @@ class RunningNormalizer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # PERF: two fused elementwise ops + clamp on float32; the float64 statistics are never touched here.
         return torch.clamp((x - self.mean32) * self.inv_std32, -self.clip, self.clip)
+
+    def forward_uint8(self, x: Tensor) -> Tensor:
+        """``forward`` for uint8 ``[N, dim]`` pixels: float32 ``x * inv_std - mean * inv_std``, clipped in place.
+        PERF: one conversion, one fused multiply-add and an in-place clamp over the N x 28,224 floats of an Atari
+        batch (``forward`` would take a conversion and three passes)."""
+        bias = torch.mul(self.mean32, self.inv_std32).neg_()  # [dim]: negligible beside the batch
+        return torch.addcmul(bias, x.to(torch.float32), self.inv_std32).clamp_(-self.clip, self.clip)
 
 
 class ActorCritic(nn.Module):
@@ -301,8 +352,12 @@ class ActorCritic(nn.Module):
                     self.squash = True
                     self.register_buffer("action_center", (high + low) / 2)
                     self.register_buffer("action_half_range", (high - low) / 2)
-        use_normalizer = cfg.normalize_obs and self.encoder == "mlp"  # pixels are scaled by 1/255 in the CNN instead
-        self.normalizer = RunningNormalizer(self.obs_dim, cfg.obs_clip) if use_normalizer else None
+        self.normalizer: RunningNormalizer | None = None
+        if self.encoder == "mlp" and cfg.normalize_obs:
+            self.normalizer = RunningNormalizer(self.obs_dim, cfg.obs_clip)
+        elif self.encoder != "mlp" and cfg.normalize_pixels:  # else pixels are scaled by 1/255 in the CNN
+            # Statistics of the raw 0-255 values; the floor is SF's 1e-5 on the [0, 1] scale, i.e. 1e-5 * 255^2.
+            self.normalizer = RunningNormalizer(self.obs_dim, cfg.obs_clip, eps=1e-5 * 255.0**2)
         # Linear layers of each MLP, for the inference path (modules, not tensors: .to(), load_state_dict and deepcopy
         # stay safe).
         self._actor_linears = [layer for layer in self.actor if isinstance(layer, nn.Linear)]
@@ -315,6 +370,10 @@ class ActorCritic(nn.Module):
     # ----- helpers ------------------------------------------------------------------------------------------------
     def _features(self, obs: Tensor, inference: bool = False) -> Tensor:
         if self.encoder != "mlp":
+            if self.normalizer is not None:  # float32 [N, C, H, W] of normalised pixels (PixelScale passes floats)
+                flat = obs.reshape(obs.shape[0], self.obs_dim)
+                norm = self.normalizer.forward_uint8 if flat.dtype == torch.uint8 else self.normalizer
+                obs = norm(flat).reshape(obs.shape)
             if self.cpu_bf16 and obs.device.type == "cpu" and self.critic[-1].weight.dtype == torch.float32:
                 with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
                     feats = self.trunk(obs)

@@ -383,6 +383,8 @@ def test_auto_encoder_follows_the_observations():
         (OBS, DISC, PolicyConfig(squash_mean=False), r"squash_mean only applies to continuous"),
         (FRAMES, PONG, PolicyConfig(encoder="mlp", normalize_obs=False),
          r"encoder=mlp on uint8 frames \[4, 84, 84\] needs normalize_obs=true"),
+        (Spec(shape=(4, 84, 84), dtype=torch.float32), PONG, PolicyConfig(encoder="nature_cnn", normalize_pixels=True),
+         r"normalize_pixels needs uint8 frames .* these are torch.float32: drop normalize_pixels"),
     ],
 )  # fmt: skip
 def test_policy_settings_that_do_not_fit_the_specs_are_rejected(obs_spec, act_spec, cfg, message):
@@ -392,9 +394,57 @@ def test_policy_settings_that_do_not_fit_the_specs_are_rejected(obs_spec, act_sp
 
 def test_mlp_on_frames_with_the_normaliser_works():
     """``policy.encoder=mlp`` on Atari frames is allowed (with normalize_obs): it flattens the 28,224 pixels."""
-    pol = ActorCritic(FRAMES, PONG, PolicyConfig(encoder="mlp", hidden_sizes=[16]))
+    # normalize_pixels (the Atari presets' value) is the CNN's: the MLP keeps its own normaliser (floor 1e-8).
+    pol = ActorCritic(FRAMES, PONG, PolicyConfig(encoder="mlp", hidden_sizes=[16], normalize_pixels=True))
+    assert pol.normalizer is not None and pol.normalizer.eps == 1e-8
     obs = _frames(4)
     pol.update_normalizer(obs)
     actions, logp, _ = pol.act(obs)
     assert pol.trunk is None and pol.actor[0].in_features == 4 * 84 * 84 and actions.shape == (4,)
     torch.testing.assert_close(pol.evaluate(obs, actions)[0], logp)
+
+
+def test_chunked_moments_equal_the_float64_reference():
+    """The normaliser's batch moments are merged over row chunks (a pixel batch as float64 would be ~460 MB)."""
+    from sample_fast.policy import _moments
+
+    g = torch.Generator().manual_seed(3)
+    pixels = torch.randint(0, 256, (300, 500), generator=g, dtype=torch.uint8)  # exact integer sums
+    pixels[:, :50] = 200  # constant columns: variance exactly 0
+    floats = torch.randn(300, 500, generator=g) * 3 + 100  # float64 chunks merged by Chan's formula
+    for x in (pixels, floats):
+        mean, var = _moments(x, chunk_bytes=8 * 500 * 7)  # 7 (uint8: 14) rows per chunk, the last one short
+        ref = x.numpy().astype(np.float64)
+        np.testing.assert_allclose(mean.numpy(), ref.mean(0), rtol=1e-12)
+        np.testing.assert_allclose(var.numpy(), ref.var(0), rtol=1e-9, atol=1e-12)
+    assert float(_moments(pixels)[1][:50].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("encoder", ["nature_cnn", "impala_cnn"])
+def test_cnn_normalize_pixels_feeds_the_trunk_per_pixel_standardised_frames(encoder):
+    """``normalize_pixels`` (Sample Factory's normalize_input): each pixel minus its running mean over its running
+    std (floor 1e-5 on the [0, 1] scale), clipped to obs_clip, is what the convolutions see; the statistics are
+    buffers that travel with the weights."""
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(CNN_CFG[encoder], normalize_pixels=True, obs_clip=5.0)
+    pol = ActorCritic(FRAMES, PONG, cfg)
+    frames = _frames(6, seed=1)
+    frames[:, :, :40] = 87  # a static background: zero variance there
+    pol.update_normalizer(frames.reshape(2, 3, 4, 84, 84))  # [T, B, ...] is flattened
+    ref = frames.numpy().reshape(6, -1).astype(np.float64)
+    expected = np.clip((ref - ref.mean(0)) / np.sqrt(ref.var(0) + 1e-5 * 255.0**2), -5.0, 5.0)
+    obs = frames[:2]
+    seen = {}
+    hook = pol.trunk.register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0]))
+    pol.value(obs)
+    hook.remove()
+    x = seen["x"]
+    assert x.dtype == torch.float32 and x.shape == (2, 4, 84, 84)
+    np.testing.assert_allclose(x.reshape(2, -1).numpy(), expected[:2], atol=1e-5)
+    assert float(x[:, :, :40].abs().max()) < 1e-5  # static background: ~0 in float32 rounding, not 87 / 255
+    other = ActorCritic(FRAMES, PONG, cfg)
+    other.load_state_dict(pol.state_dict())
+    torch.testing.assert_close(other.value(obs), pol.value(obs))
+    plain = ActorCritic(FRAMES, PONG, CNN_CFG[encoder])  # the same weights on frames / 255
+    plain.load_state_dict({k: v for k, v in pol.state_dict().items() if not k.startswith("normalizer.")})
+    assert not torch.allclose(plain.value(obs), pol.value(obs), atol=1e-3)
