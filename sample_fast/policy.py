@@ -205,7 +205,8 @@ def _moments(x: Tensor, chunk_bytes: int = 1 << 25) -> tuple[Tensor, Tensor]:
     460 MB at once."""
     rows = max(1, chunk_bytes // (8 * max(1, x.shape[1])))
     if x.dtype == torch.uint8:  # pixels: exact integer sums (int32 per chunk of <= 32k rows), a third of the passes
-        total, total_sq = torch.zeros(x.shape[1], dtype=torch.int64), torch.zeros(x.shape[1], dtype=torch.int64)
+        total = torch.zeros(x.shape[1], dtype=torch.int64, device=x.device)  # the learner's device (CUDA too)
+        total_sq = torch.zeros_like(total)
         rows = min(rows * 2, 32768)  # int32 chunks: half the bytes of float64; 32768 * 255^2 < 2^31
         for start in range(0, x.shape[0], rows):
             c = x[start : start + rows].to(torch.int32)
