@@ -409,15 +409,17 @@ def test_chunked_moments_equal_the_float64_reference():
     from sample_fast.policy import _moments
 
     g = torch.Generator().manual_seed(3)
-    pixels = torch.randint(0, 256, (300, 500), generator=g, dtype=torch.uint8)  # exact integer sums
+    pixels = torch.randint(0, 256, (300, 500), generator=g, dtype=torch.uint8)  # float32 chunks of 256 + 44 rows
     pixels[:, :50] = 200  # constant columns: variance exactly 0
+    pixels[:, 50:60] = 255  # the largest per-chunk sum of squares, 256 * 255^2, must still be exact
     floats = torch.randn(300, 500, generator=g) * 3 + 100  # float64 chunks merged by Chan's formula
     for x in (pixels, floats):
-        mean, var = _moments(x, chunk_bytes=8 * 500 * 7)  # 7 (uint8: 14) rows per chunk, the last one short
+        mean, var = _moments(x, chunk_bytes=8 * 500 * 7)  # floats: 7 rows per chunk, the last one short
         ref = x.numpy().astype(np.float64)
         np.testing.assert_allclose(mean.numpy(), ref.mean(0), rtol=1e-12)
         np.testing.assert_allclose(var.numpy(), ref.var(0), rtol=1e-9, atol=1e-12)
-    assert float(_moments(pixels)[1][:50].abs().max()) == 0.0
+    mean, var = _moments(pixels)
+    assert float(var[:60].abs().max()) == 0.0 and bool((mean[50:60] == 255.0).all())
 
 
 @pytest.mark.parametrize("encoder", ["nature_cnn", "impala_cnn"])
