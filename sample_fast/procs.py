@@ -91,6 +91,35 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
         pass
 
 
+#: glibc malloc settings for the training processes (``keep_freed_memory``): heap-allocate blocks up to 32 MB (the
+#: largest threshold glibc accepts on 64-bit) and never trim freed heap memory back to the OS.
+MALLOC_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": 32 << 20, "MALLOC_TRIM_THRESHOLD_": 1 << 36}
+
+
+def keep_freed_memory() -> bool:
+    """Keep freed tensor memory in the process (glibc) instead of returning it to the OS after every step.
+
+    PERF: by default glibc serves a block above its (dynamic) mmap threshold with a fresh ``mmap`` and unmaps it on
+    free, so every minibatch's activations and a normalised 256-frame pixel batch (29 MB) fault their pages in
+    again: one in-place normalisation pass took 20 ms instead of 1.4 ms, and a Nature-CNN learner step was ~15%
+    slower (benchmarks/results/cnn_cpu_malloc.md). This sets the thresholds in this process (``mallopt``) and in
+    the environment, where the processes it spawns (the sampler) read them at start-up. A value the user already
+    set in the environment wins. Returns whether ``mallopt`` took both; a no-op (False) off Linux or off glibc.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    values = {name: int(os.environ.setdefault(name, str(value))) for name, value in MALLOC_SETTINGS.items()}
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others: no glibc mallopt
+        return False
+    # M_TRIM_THRESHOLD = -1, M_MMAP_THRESHOLD = -3 (malloc.h); mallopt returns 1 on success
+    ok_trim = mallopt(-1, ctypes.c_int(min(values["MALLOC_TRIM_THRESHOLD_"], 2**31 - 1))) == 1
+    ok_mmap = mallopt(-3, ctypes.c_int(min(values["MALLOC_MMAP_THRESHOLD_"], 2**31 - 1))) == 1
+    return ok_trim and ok_mmap
+
+
 #: The signals that ask a run to stop. Only the main (learner) process acts on them; the processes it starts (the
 #: sampler, multiprocessing's resource tracker, a forkserver) must survive them, so that the runner can save a final
 #: checkpoint and then stop them itself: ``kill -TERM -- -PGID``, a closed terminal (SIGHUP) and Ctrl-C reach every

@@ -45,6 +45,7 @@ from sample_fast.procs import (
     SharedRngState,
     StackDumpFile,
     ignore_stop_signals,
+    keep_freed_memory,
     new_control,
     pid_alive,
     register_stack_dump,
@@ -375,6 +376,7 @@ class Runner:
     # ----- start ----------------------------------------------------------------------------------------------
     def _start(self) -> None:
         cfg = self.cfg
+        keep_freed_memory()  # the learner here, the sampler through the environment it inherits (procs.py)
         if self.mode == "async" and self._slot_shape is not None:
             first = self._slot_shape  # the envs are built in the sampler process only
         else:
