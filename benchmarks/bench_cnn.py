@@ -21,8 +21,15 @@ channels_last; the machine record says whether the CPU has native bf16 (``cpu_ha
 
     python benchmarks/bench_cnn.py --lever pixnorm --name cnn_cpu_pixnorm --encoders nature_cnn --threads 2
 
-prices ``policy.normalize_pixels`` (the Atari presets' per-pixel normalisation) against the 1/255 scale. Take
-/tmp/race.lock while it runs (docs/benchmark.md).
+prices ``policy.normalize_pixels`` (the Atari presets' per-pixel normalisation) against the 1/255 scale, both with
+the runner's malloc settings (``procs.keep_freed_memory``; ``cnn_cpu_pixnorm.md`` predates them).
+
+    python benchmarks/bench_cnn.py --lever malloc --name cnn_cpu_malloc --encoders nature_cnn --threads 2
+
+prices ``procs.keep_freed_memory`` (glibc keeps freed blocks up to 32 MB in the heap; what the runner sets for the
+learner and the sampler) against glibc's defaults, both with the Atari preset's policy (channels_last,
+cpu_bf16=auto, normalize_pixels). Start it without MALLOC_* variables in the environment. Take /tmp/race.lock while
+it runs (docs/benchmark.md).
 """
 
 from __future__ import annotations
@@ -42,10 +49,21 @@ from sample_fast.encoders import cpu_has_native_bf16  # noqa: E402
 OUT = ROOT / "benchmarks" / "results"
 ENCODERS = {"nature_cnn": [512], "impala_cnn": [256]}
 #: --lever: (name of the case with the lever, name of the case without it), as the result columns say.
-LEVERS = {"layout": ("channels_last", "nchw"), "bf16": ("bf16", "float32"), "pixnorm": ("pixnorm", "scale255")}
+LEVERS = {"layout": ("channels_last", "nchw"), "bf16": ("bf16", "float32"), "pixnorm": ("pixnorm", "scale255"),
+          "malloc": ("keep_freed", "glibc_default")}  # fmt: skip
 
 
 def run_case(case: dict) -> dict:
+    import os
+
+    if "keep_freed" in case:
+        from sample_fast.procs import keep_freed_memory
+
+        stray = sorted(k for k in os.environ if k.startswith("MALLOC_"))
+        if stray and not case["keep_freed"]:
+            raise RuntimeError(f"--lever malloc: unset {stray} first (the glibc_default case would inherit them)")
+        if case["keep_freed"] and not keep_freed_memory():
+            raise RuntimeError("--lever malloc: keep_freed_memory() failed (needs glibc on Linux)")
     import torch
     from sample_fast.envs import Spec
 
@@ -108,7 +126,8 @@ def main() -> None:
     parser.add_argument("--name", default="cnn_cpu")
     parser.add_argument("--lever", choices=sorted(LEVERS), default="layout",
                         help="layout: channels_last vs NCHW; bf16: bf16 trunk vs float32; pixnorm: "
-                             "normalize_pixels vs the 1/255 scale")  # fmt: skip
+                             "normalize_pixels vs the 1/255 scale; malloc: keep_freed_memory vs glibc's "
+                             "defaults")  # fmt: skip
     harness.add_quiet_arguments(parser)
     args = parser.parse_args()
     if args.case:
@@ -136,8 +155,11 @@ def main() -> None:
         def run(_round: int) -> dict:
             layout = args.lever == "layout"  # layout: NCHW or channels_last; bf16: both in channels_last
             lever = {"channels_last": on or not layout, "bf16": on and not layout}
-            if args.lever == "pixnorm":  # the Atari preset's policy (channels_last, cpu_bf16=auto) with and without
-                lever = {"channels_last": True, "bf16": "auto", "pixnorm": on}
+            if args.lever == "pixnorm":  # the Atari preset's policy (channels_last, cpu_bf16=auto) with and without,
+                # both with the runner's malloc settings (as training runs them since a869d51)
+                lever = {"channels_last": True, "bf16": "auto", "pixnorm": on, "keep_freed": True}
+            if args.lever == "malloc":  # the Atari preset's policy, with and without the runner's malloc settings
+                lever = {"channels_last": True, "bf16": "auto", "pixnorm": True, "keep_freed": on}
             case = {**base, "encoder": enc, "kind": kind, "threads": t, **lever}
             res = harness.run_case_in_subprocess(__file__, case, args.timeout_s)
             if "error" in res:
@@ -172,7 +194,9 @@ def main() -> None:
         "bf16": "bf16 trunk (CPU autocast) vs float32, both channels_last",
         "pixnorm": "per-pixel normalisation (normalize_pixels; train: plus a statistics update of a quarter of "
         "the minibatch per step, the learner's ratio over 4 epochs) vs the 1/255 scale, both "
-        "channels_last with cpu_bf16=auto",
+        "channels_last with cpu_bf16=auto and the runner's malloc settings (keep_freed_memory)",
+        "malloc": "glibc keeping freed blocks up to 32 MB (procs.keep_freed_memory, the runner's setting) vs "
+        "glibc's defaults, both the Atari preset's policy (channels_last, cpu_bf16=auto, normalize_pixels)",
     }
     md = [
         f"# CNN policies on the CPU: {title[args.lever]} (Pong frames uint8 [4, 84, 84], 6 actions)",

@@ -422,6 +422,25 @@ def test_chunked_moments_equal_the_float64_reference():
     assert float(var[:60].abs().max()) == 0.0 and bool((mean[50:60] == 255.0).all())
 
 
+def test_uint8_normalisation_is_the_same_in_every_layout():
+    """``forward_uint8`` on ``[N, dim]``, on NCHW and on channels_last ``[N, C, H, W]`` frames: the float64
+    reference in each, the 4-D output in the input's memory layout."""
+    from sample_fast.policy import RunningNormalizer
+
+    norm = RunningNormalizer(4 * 6 * 5, clip=1.0, eps=1e-5 * 255.0**2)
+    frames = _frames(8, seed=4)[:, :, :6, :5].contiguous()  # [8, 4, 6, 5]
+    norm.update(frames.reshape(8, -1)[:5])  # statistics of 5 of the frames: many values clip at +-1
+    ref = frames.reshape(8, -1).numpy().astype(np.float64)
+    expected = np.clip((ref - norm.mean.numpy()) / np.sqrt(norm.var.numpy() + 1e-5 * 255.0**2), -1.0, 1.0)
+    assert 0.05 < np.mean(np.abs(expected) == 1.0) < 0.95
+    flat = norm.forward_uint8(frames.reshape(8, -1))
+    nchw = norm.forward_uint8(frames)
+    cl = norm.forward_uint8(frames.contiguous(memory_format=torch.channels_last))
+    assert nchw.is_contiguous() and cl.is_contiguous(memory_format=torch.channels_last) and cl.dtype == torch.float32
+    for out in (flat, nchw, cl):
+        np.testing.assert_allclose(out.reshape(8, -1).numpy(), expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("encoder", ["nature_cnn", "impala_cnn"])
 def test_cnn_normalize_pixels_feeds_the_trunk_per_pixel_standardised_frames(encoder):
     """``normalize_pixels`` (Sample Factory's normalize_input): each pixel minus its running mean over its running
@@ -442,6 +461,7 @@ def test_cnn_normalize_pixels_feeds_the_trunk_per_pixel_standardised_frames(enco
     hook.remove()
     x = seen["x"]
     assert x.dtype == torch.float32 and x.shape == (2, 4, 84, 84)
+    assert x.is_contiguous(memory_format=torch.channels_last)  # normalised in the trunk's layout: no float copy
     np.testing.assert_allclose(x.reshape(2, -1).numpy(), expected[:2], atol=1e-5)
     assert float(x[:, :, :40].abs().max()) < 1e-5  # static background: ~0 in float32 rounding, not 87 / 255
     other = ActorCritic(FRAMES, PONG, cfg)
