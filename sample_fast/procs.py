@@ -101,23 +101,31 @@ def keep_freed_memory() -> bool:
 
     PERF: by default glibc serves a block above its (dynamic) mmap threshold with a fresh ``mmap`` and unmaps it on
     free, so every minibatch's activations and a normalised 256-frame pixel batch (29 MB) fault their pages in
-    again: one in-place normalisation pass took 20 ms instead of 1.4 ms, and a Nature-CNN learner step was ~15%
-    slower (benchmarks/results/cnn_cpu_malloc.md). This sets the thresholds in this process (``mallopt``) and in
-    the environment, where the processes it spawns (the sampler) read them at start-up. A value the user already
-    set in the environment wins. Returns whether ``mallopt`` took both; a no-op (False) off Linux or off glibc.
+    again: an out-of-place normalisation of 256 Pong frames took 20 ms instead of ~3 ms, and with this setting the
+    Nature-CNN learner step is 1.27x faster (benchmarks/results/cnn_cpu_malloc.md). This sets the thresholds in
+    this process (``mallopt``) and in the environment, where the processes it spawns (the sampler) read them at
+    start-up. A value the user already set in the environment wins (a malformed one is left to glibc, which ignores
+    it). Returns whether ``mallopt`` took both; a no-op (False) off Linux or off glibc.
     """
     if not sys.platform.startswith("linux"):
         return False
-    values = {name: int(os.environ.setdefault(name, str(value))) for name, value in MALLOC_SETTINGS.items()}
+    values: dict[str, int | None] = {}
+    for name, default in MALLOC_SETTINGS.items():
+        try:
+            values[name] = int(os.environ.setdefault(name, str(default)))
+        except ValueError:
+            values[name] = None
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # musl and others: no glibc mallopt
         return False
+    took = []
     # M_TRIM_THRESHOLD = -1, M_MMAP_THRESHOLD = -3 (malloc.h); mallopt returns 1 on success
-    ok_trim = mallopt(-1, ctypes.c_int(min(values["MALLOC_TRIM_THRESHOLD_"], 2**31 - 1))) == 1
-    ok_mmap = mallopt(-3, ctypes.c_int(min(values["MALLOC_MMAP_THRESHOLD_"], 2**31 - 1))) == 1
-    return ok_trim and ok_mmap
+    for param, name in ((-1, "MALLOC_TRIM_THRESHOLD_"), (-3, "MALLOC_MMAP_THRESHOLD_")):
+        value = values[name]
+        took.append(value is not None and mallopt(param, ctypes.c_int(max(0, min(value, 2**31 - 1)))) == 1)
+    return all(took)
 
 
 #: The signals that ask a run to stop. Only the main (learner) process acts on them; the processes it starts (the
