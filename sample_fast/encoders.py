@@ -87,12 +87,17 @@ def resolve_encoder(encoder: str, obs_shape: tuple[int, ...], obs_dtype: torch.d
     return encoder
 
 
+def trunk_layout(x: Tensor) -> Tensor:
+    """``[N, C, H, W]`` frames in the convolutions' memory layout (channels_last when ``CHANNELS_LAST``). PERF: call it
+    on the uint8 frames, before any float conversion: a quarter of the bytes to move."""
+    return x.contiguous(memory_format=torch.channels_last) if CHANNELS_LAST and x.dim() == 4 else x
+
+
 class PixelScale(nn.Module):
     """uint8 pixels -> float32 in [0, 1] (x / 255); floating input is taken as already scaled."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if CHANNELS_LAST:
-            x = x.contiguous(memory_format=torch.channels_last)  # on the uint8 tensor: a quarter of the bytes
+        x = trunk_layout(x)
         if x.is_floating_point():
             return x
         return x.to(torch.float32).mul_(1.0 / 255.0)

@@ -17,8 +17,16 @@ from torch import Tensor, nn
 
 from sample_fast.envs import Spec
 
-from . import activations, encoders
-from .encoders import CPU_BF16_SETTINGS, ENCODERS, EncoderError, build_cnn_trunk, cpu_bf16_enabled, resolve_encoder
+from . import activations
+from .encoders import (
+    CPU_BF16_SETTINGS,
+    ENCODERS,
+    EncoderError,
+    build_cnn_trunk,
+    cpu_bf16_enabled,
+    resolve_encoder,
+    trunk_layout,
+)
 from .recurrent import MEMORY_KINDS, RNN_KINDS, RecurrentCore, SequenceInputs
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -201,9 +209,8 @@ def _mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, out_gain
 
 def _moments(x: Tensor, chunk_bytes: int = 1 << 25) -> tuple[Tensor, Tensor]:
     """float64 mean and population variance over dim 0 of ``x`` ``[N, dim]``, in row chunks of about
-    ``chunk_bytes`` float64 bytes merged exactly (Chan et al.): a pixel batch (2,048 x 28,224) as float64 would be
-    460 MB at once."""
-    rows = max(1, chunk_bytes // (8 * max(1, x.shape[1])))
+    ``chunk_bytes`` float64 bytes merged exactly (Chan et al.; uint8: exact sums of 256-row chunks): a pixel batch
+    (2,048 x 28,224) as float64 would be 460 MB at once."""
     if x.dtype == torch.uint8:
         # Pixels: exact sums from float32 chunks of <= 256 rows (every partial sum is an integer <= 256 * 255^2 <
         # 2^24, so float32 adds it exactly in any order), accumulated in float64. PERF: float32 column sums are
@@ -217,6 +224,7 @@ def _moments(x: Tensor, chunk_bytes: int = 1 << 25) -> tuple[Tensor, Tensor]:
         n = x.shape[0]
         mean = total / n
         return mean, (total_sq / n - mean.square()).clamp_(min=0.0)
+    rows = max(1, chunk_bytes // (8 * max(1, x.shape[1])))
     if x.shape[0] <= rows:
         x = x.to(torch.float64)
         return x.mean(dim=0), x.var(dim=0, unbiased=False)
@@ -386,8 +394,7 @@ class ActorCritic(nn.Module):
         if self.encoder != "mlp":
             if self.normalizer is not None:  # float32 [N, C, H, W] of normalised pixels (PixelScale passes floats)
                 if obs.dtype == torch.uint8:
-                    if encoders.CHANNELS_LAST and obs.dim() == 4:  # PERF: change the layout of the uint8 frames
-                        obs = obs.contiguous(memory_format=torch.channels_last)  # (a quarter of the float bytes)
+                    obs = trunk_layout(obs)  # normalised in the convolutions' layout: no float layout copy after
                     flat = obs if obs.dim() == 4 else obs.reshape(obs.shape[0], self.obs_dim)
                     obs = self.normalizer.forward_uint8(flat).reshape(obs.shape)
                 else:
