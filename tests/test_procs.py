@@ -185,7 +185,10 @@ def test_keep_freed_memory_stops_the_page_faults_of_a_reallocated_batch():
 
     pages = 256 * 4 * 84 * 84 * 4 // 4096  # 7,056 pages per float32 batch, two batches per step
     kept = _faults()
-    assert kept["ok"] is True and kept["faults"] <= 4 * pages, kept  # the heap grows a few times, then is reused
+    # The heap grows a few times, then is reused: 0 to 4 of the 20 batches faulted in fresh pages from run to run
+    # (4 with the suite running on both cores, exactly 4 * pages + 1 once); 8 leaves room and is still under half
+    # of the 15+ that the pinned threshold below pays.
+    assert kept["ok"] is True and kept["faults"] <= 8 * pages, kept
     assert kept["mmap"] == str(MALLOC_SETTINGS["MALLOC_MMAP_THRESHOLD_"])
     assert kept["trim"] == str(MALLOC_SETTINGS["MALLOC_TRIM_THRESHOLD_"])
     user = _faults(MALLOC_MMAP_THRESHOLD_="131072")  # the user's value wins: glibc's start, pinned
