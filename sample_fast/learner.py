@@ -78,6 +78,13 @@ class LearnerConfig:
     #: Dual-clip PPO (Ye et al. 2020): where A < 0 the objective is bounded by dual_clip * A (> 1); None disables.
     #: Guards against the huge ratios a stale behaviour policy can produce.
     dual_clip: float | None = 3.0
+    #: What the PPO ratio is taken against: "behavior" (log mu, the acting policy: APPO as in Sample Factory; with a
+    #: policy lag of L train calls the ratio also carries L calls of drift, so stale samples are clipped out) or
+    #: "proximal" (the policy at the start of this train call, whose log-probabilities the V-trace targets already
+    #: computed: decoupled PPO, Hilton et al. 2021; the off-policy correction is V-trace's clipped rho in the
+    #: advantages, the clip bounds only this call's change). The clip fraction, ``kl`` and the kl penalty are
+    #: measured against the same anchor.
+    clip_anchor: str = "behavior"
     #: PPO2-style value clipping around the values the targets were computed with; None disables it.
     value_clip: float | None = None
     #: Loss = policy + value_coef * value - entropy_coef * entropy + kl_coef * KL(behaviour || current).
@@ -118,6 +125,8 @@ class LearnerConfig:
         """Raise ``LearnerConfigError`` naming the fix for any inconsistent setting."""
         if self.lr_schedule not in ("constant", "linear", "kl_adaptive"):
             raise LearnerConfigError(f"lr_schedule {self.lr_schedule!r} unknown; use constant, linear or kl_adaptive")
+        if self.clip_anchor not in ("behavior", "proximal"):
+            raise LearnerConfigError(f"clip_anchor {self.clip_anchor!r} unknown; use behavior or proximal")
         if self.recompute_targets not in ("batch", "epoch"):
             raise LearnerConfigError(f"recompute_targets {self.recompute_targets!r} unknown; use batch or epoch")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -438,7 +447,7 @@ class Learner:
         flat = prep.rewards.numel()
         obs_f = data["obs"][:-1].reshape(flat, *data["obs"].shape[2:])
         act_f = data["actions"].reshape(flat, *data["actions"].shape[2:])
-        blogp_f = data["behavior_logp"].reshape(flat).float()
+        anchor_f = data["behavior_logp"].reshape(flat).float()  # cfg.clip_anchor "proximal": replaced below
         sums: dict[str, list[Tensor]] = {}
         first_targets: Targets | None = None
         for epoch in range(max(prep.num_epochs, 1)):
@@ -451,13 +460,15 @@ class Learner:
                     adv_f = norm(adv_f, mask)
                 vs_f = targets.value_targets.reshape(flat)
                 old_v_f = targets.values.reshape(flat)
+                if epoch == 0 and cfg.clip_anchor == "proximal":  # this call's starting policy, fixed for its epochs
+                    anchor_f = targets.target_logp.reshape(flat).detach().float()
             if prep.num_epochs == 0:
                 break  # targets only, for the metrics
             for idx, evaluate in self._minibatches(prep, flat):
                 mb_mask = mask[idx] if mask is not None else None
                 mb_weights = weights[idx] if weights is not None else None
                 obs_mb, act_mb = (obs_f[idx], act_f[idx]) if evaluate is None else (None, None)
-                status = self._update(obs_mb, act_mb, blogp_f[idx], adv_f[idx], vs_f[idx], old_v_f[idx],
+                status = self._update(obs_mb, act_mb, anchor_f[idx], adv_f[idx], vs_f[idx], old_v_f[idx],
                                       mb_mask, sums, mb_weights, evaluate=evaluate)  # fmt: skip
                 if status == "rollback":
                     return first_targets, targets, sums, True
@@ -577,11 +588,12 @@ class Learner:
         return out
 
     def _update(
-        self, obs: Tensor, actions: Tensor, behavior_logp: Tensor, advantages: Tensor, value_targets: Tensor,
+        self, obs: Tensor, actions: Tensor, anchor_logp: Tensor, advantages: Tensor, value_targets: Tensor,
         old_values: Tensor, mask: Tensor | None, sums: dict[str, list[Tensor]], weights: Tensor | None = None,
         evaluate: Any = None,
     ) -> str:  # fmt: skip
-        """One minibatch step. ``weights`` ``[N]``: per-sample loss weights (replay's IS weights; None = all 1).
+        """One minibatch step. ``anchor_logp``: what the ratio is taken against (cfg.clip_anchor). ``weights``
+        ``[N]``: per-sample loss weights (replay's IS weights; None = all 1).
         ``evaluate``: returns ``(target_logp, entropy, values)`` in place of ``policy.evaluate(obs, actions)`` (a
         recurrent policy's sequence re-run). Returns "ok", "skipped" (non-finite) or "rollback"."""
         cfg = self.cfg
@@ -589,11 +601,11 @@ class Learner:
             target_logp, entropy, values = evaluate() if evaluate is not None else self.policy.evaluate(obs, actions)
         # weights: replay's IS weights (1 for fresh columns); None without replay, the plain means bit for bit.
         policy_loss, clip_frac, _ = ppo_clip_loss(
-            target_logp, behavior_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip, weights=weights
+            target_logp, anchor_logp, advantages, cfg.clip_eps, mask, dual_clip=cfg.dual_clip, weights=weights
         )
         v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask, weights=weights)
         mean_entropy = masked_mean(entropy, mask, weights)
-        kl = approx_kl(target_logp, behavior_logp, mask, weights)
+        kl = approx_kl(target_logp, anchor_logp, mask, weights)
         loss = policy_loss + cfg.value_coef * v_loss - cfg.entropy_coef * mean_entropy
         if cfg.kl_coef:
             loss = loss + cfg.kl_coef * kl

@@ -92,9 +92,9 @@ PRESET_RESOLVED = {
     "toy": ("toy", "toy", 16, 100_000, 16, 128),
     "recall": ("toy", "toy", 64, 100_000, 16, 512),  # 16 x 64 / 2
     "bandit": ("toy", "toy", 64, 150_000, 16, 512),
-    "pong": ("Pong-v5", "envpool", 32, 10_000_000, 128, 2048),
-    "breakout": ("Breakout-v5", "envpool", 32, 10_000_000, 128, 2048),
-    "atari": ("SpaceInvaders-v5", "envpool", 32, 10_000_000, 128, 2048),
+    "pong": ("Pong-v5", "envpool", 32, 4_000_000, 128, 2048),
+    "breakout": ("Breakout-v5", "envpool", 32, 4_000_000, 128, 2048),
+    "atari": ("SpaceInvaders-v5", "envpool", 32, 4_000_000, 128, 2048),
 }
 
 

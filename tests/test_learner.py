@@ -464,6 +464,38 @@ def test_all_stale_batch_does_not_move_the_weights():
     assert all(torch.equal(a, b) for a, b in zip(before, params_of(policy), strict=True))
 
 
+def test_proximal_clip_anchor_takes_the_ratio_against_this_calls_starting_policy():
+    # A stale batch whose behaviour log-probabilities sit 1 below the current policy's: pi/mu = e everywhere, above
+    # the V-trace clips (rho = c = 1), so the targets are exactly those of the on-policy batch. Anchored at the
+    # behaviour policy, every sample starts outside the clip (ratio e: clip_frac 1, kl = e - 1 - 1); anchored at the
+    # proximal policy (this call's start), the ratio starts at 1 and the update is the on-policy batch's.
+    def run(anchor: str, shift: float, **kw):
+        torch.manual_seed(0)
+        policy = ActorCritic(OBS, CONT, PolicyConfig(hidden_sizes=[32, 32], normalize_obs=False))  # fixed in train
+        cfg = LearnerConfig(clip_anchor=anchor, scale_rewards=False, recompute_targets="batch", **kw)
+        learner = Learner(policy, cfg, vtrace_fn=_torch_vtrace)
+        batch = make_batch(policy, num_steps=16, num_envs=8, seed=1)
+        with torch.no_grad():  # the learner's own evaluation: on-policy means a ratio of 1 to rounding
+            logp = policy.evaluate(batch["obs"][:-1].reshape(-1, 3), batch["actions"].reshape(-1, 2))[0]
+        batch["behavior_logp"] = logp.reshape(16, 8) - shift
+        return learner.train(batch), params_of(policy)
+
+    one_update = dict(num_epochs=1, num_minibatches=1)
+    m_behavior, _ = run("behavior", 1.0, **one_update)
+    m_proximal, _ = run("proximal", 1.0, **one_update)
+    assert m_behavior["clip_frac"] == 1.0
+    assert m_behavior["kl"] == pytest.approx(math.e - 2.0, rel=1e-5)
+    assert m_proximal["clip_frac"] == 0.0 and abs(m_proximal["kl"]) < 1e-6
+
+    _, on_policy = run("proximal", 0.0)  # 2 epochs x 4 minibatches
+    _, stale = run("proximal", 1.0)
+    _, behavior_on_policy = run("behavior", 0.0)
+    _, behavior_stale = run("behavior", 1.0)
+    for a, b, c in zip(on_policy, stale, behavior_on_policy, strict=True):
+        assert torch.allclose(a, b, atol=1e-6) and torch.allclose(a, c, atol=1e-6)
+    assert max((a - b).abs().max().item() for a, b in zip(on_policy, behavior_stale, strict=True)) > 1e-4
+
+
 def test_bf16_autocast_trains_with_float32_targets_on_the_cpu(monkeypatch):
     # Learner._autocast turns bf16 on only on CUDA; forcing it on the CPU runs the same code paths (forward and
     # backward under autocast, compute_targets under autocast) before any GPU run does.
@@ -544,6 +576,8 @@ def test_bad_config_and_batch_are_rejected_with_a_fix():
         Learner(policy, LearnerConfig(lr_schedule="cosine"))
     with pytest.raises(LearnerConfigError, match="num_minibatches"):
         Learner(policy, LearnerConfig(num_minibatches=0))
+    with pytest.raises(LearnerConfigError, match="behavior or proximal"):
+        Learner(policy, LearnerConfig(clip_anchor="old"))
     learner = Learner(policy, vtrace_fn=_torch_vtrace)
     batch = make_batch(policy)
     del batch["final_obs"]
