@@ -91,6 +91,10 @@ class LearnerConfig:
     value_coef: float = 0.5
     entropy_coef: float = 0.0
     kl_coef: float = 0.0
+    #: "constant" (entropy_coef throughout) or "linear": from entropy_coef at env step 0 to entropy_coef_final at
+    #: total_env_steps (and held there after), by the learner's absolute env-step count as the linear lr schedule.
+    entropy_schedule: str = "constant"
+    entropy_coef_final: float = 0.0
     #: Gradient clipping by global norm; None disables it (the norm is still reported).
     max_grad_norm: float | None = 1.0
     #: Passes over each batch, and minibatches per pass (over the T*B flattened samples).
@@ -125,6 +129,12 @@ class LearnerConfig:
         """Raise ``LearnerConfigError`` naming the fix for any inconsistent setting."""
         if self.lr_schedule not in ("constant", "linear", "kl_adaptive"):
             raise LearnerConfigError(f"lr_schedule {self.lr_schedule!r} unknown; use constant, linear or kl_adaptive")
+        if self.entropy_schedule not in ("constant", "linear"):
+            raise LearnerConfigError(f"entropy_schedule {self.entropy_schedule!r} unknown; use constant or linear")
+        for name in ("entropy_coef", "entropy_coef_final"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise LearnerConfigError(f"{name} must be a finite number >= 0, got {value}")
         if self.clip_anchor not in ("behavior", "proximal"):
             raise LearnerConfigError(f"clip_anchor {self.clip_anchor!r} unknown; use behavior or proximal")
         if self.recompute_targets not in ("batch", "epoch"):
@@ -259,6 +269,10 @@ class Learner:
         cfg.validate()
         if cfg.lr_schedule == "linear" and not total_env_steps:
             raise LearnerConfigError("lr_schedule='linear' needs total_env_steps (the step at which lr reaches 0)")
+        if cfg.entropy_schedule == "linear" and not total_env_steps:
+            raise LearnerConfigError(
+                "entropy_schedule='linear' needs total_env_steps (the step at which entropy_coef_final is reached)"
+            )
         self.cfg = cfg
         self.device = torch.device(device)
         self.policy = policy.to(self.device)
@@ -307,6 +321,14 @@ class Learner:
         else:
             base = cfg.lr
         return base * self.lr_scale
+
+    def current_entropy_coef(self) -> float:
+        """The entropy bonus's weight in the next update (cfg.entropy_schedule)."""
+        cfg = self.cfg
+        if cfg.entropy_schedule == "linear":
+            left = max(0.0, 1.0 - self.env_steps / float(self.total_env_steps))
+            return cfg.entropy_coef_final + (cfg.entropy_coef - cfg.entropy_coef_final) * left
+        return cfg.entropy_coef
 
     def _adapt_lr(self, kl: float) -> None:
         # Sample Factory's kl_adaptive rule, applied once per train call on the call's mean KL.
@@ -522,8 +544,9 @@ class Learner:
             # distributed: the ranks' mean KL, so that every rank adapts its learning rate alike
             self._adapt_lr(self.sync.mean_scalar(out["kl"]) if self.sync is not None else out["kl"])
         out.update(
-            lr=self.current_lr(), num_updates=float(num_updates), nonfinite_skips=float(self.nonfinite_skips),
-            rollbacks=float(self.rollbacks), policy_version=float(self.policy_version),
+            lr=self.current_lr(), entropy_coef=self.current_entropy_coef(), num_updates=float(num_updates),
+            nonfinite_skips=float(self.nonfinite_skips), rollbacks=float(self.rollbacks),
+            policy_version=float(self.policy_version),
         )  # fmt: skip
         for key in ("policy_loss", "value_loss", "entropy", "kl", "clip_frac", "grad_norm"):
             out.setdefault(key, float("nan"))  # no good update in this call
@@ -533,8 +556,9 @@ class Learner:
         """One APPO iteration on ``batch`` (a TensorDict or dict of trajectory tensors, see docs/learner.md).
 
         Returns scalar metrics: policy_loss, value_loss, entropy, kl, clip_frac, grad_norm (means over the good
-        updates of this call), lr, adv_mean, adv_std (raw V-trace advantages), explained_variance, masked_frac,
-        num_updates (this call), and the cumulative nonfinite_skips and rollbacks.
+        updates of this call), lr and entropy_coef (for the next update), adv_mean, adv_std (raw V-trace
+        advantages), explained_variance, masked_frac, num_updates (this call), and the cumulative nonfinite_skips and
+        rollbacks.
         """
         if self.sync is not None:
             self.sync.begin_update()  # distributed: a rank that does not arrive is named within the timeout
@@ -606,7 +630,7 @@ class Learner:
         v_loss = value_loss_fn(values, value_targets, old_values, cfg.value_clip, mask, weights=weights)
         mean_entropy = masked_mean(entropy, mask, weights)
         kl = approx_kl(target_logp, anchor_logp, mask, weights)
-        loss = policy_loss + cfg.value_coef * v_loss - cfg.entropy_coef * mean_entropy
+        loss = policy_loss + cfg.value_coef * v_loss - self.current_entropy_coef() * mean_entropy
         if cfg.kl_coef:
             loss = loss + cfg.kl_coef * kl
         self.optimizer.zero_grad(set_to_none=True)

@@ -355,6 +355,7 @@ BAD = [
     (["env=ant", "+env.options.ctrl_cost=1"], "env.options has unknown key(s) ['ctrl_cost']"),
     (["env=toy", "+env.options.bogus=1"], "unknown key(s) ['bogus'] for env 'toy'"),
     (["env=ant", "learner.lr=-1"], "learner: lr must be a positive number"),
+    (["env=pong", "learner.entropy_schedule=cosine"], "entropy_schedule 'cosine' unknown; use constant or linear"),
     (["env=ant", "policy.activation=swish"], "policy: activation 'swish' unknown"),
     (["env=ant", "logging.progress=fancy"], "logging.progress='fancy' is unknown"),
     (["env=ant", "run.checkpoint_interval_s=0"], "run.checkpoint_interval_s=0"),

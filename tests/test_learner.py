@@ -570,6 +570,45 @@ def test_lr_schedules():
         Learner(policy, LearnerConfig(lr_schedule="linear"))
 
 
+def test_entropy_schedule():
+    """linear: from entropy_coef to entropy_coef_final at total_env_steps (hand values), held after it; the loss
+    uses the scheduled weight (past the end, a scheduled update equals a constant one at entropy_coef_final)."""
+    torch.manual_seed(0)
+    policy = ActorCritic(OBS, CONT, SMALL)
+    cfg = LearnerConfig(entropy_coef=0.05, entropy_schedule="linear", entropy_coef_final=0.01)
+    learner = Learner(policy, cfg, total_env_steps=480, vtrace_fn=_torch_vtrace)
+    assert learner.current_entropy_coef() == pytest.approx(0.05)
+    metrics = learner.train(make_batch(policy))  # 48 of 480 env steps -> 0.01 + (0.05 - 0.01) * 0.9 = 0.046
+    assert metrics["entropy_coef"] == pytest.approx(0.046)
+    learner.env_steps = 10_000
+    assert learner.current_entropy_coef() == pytest.approx(0.01)
+    assert Learner(policy, LearnerConfig(entropy_coef=0.02), total_env_steps=480).current_entropy_coef() == 0.02
+
+    torch.manual_seed(1)
+    base = ActorCritic(OBS, CONT, SMALL)
+    batch = make_batch(base, seed=3)
+
+    def updated(cfg: LearnerConfig) -> list[torch.Tensor]:
+        pol = copy.deepcopy(base)
+        lrn = Learner(pol, cfg, total_env_steps=480, vtrace_fn=_torch_vtrace)
+        lrn.env_steps = 480  # the schedule's end
+        lrn.train(batch.clone())
+        return params_of(pol)
+
+    scheduled = updated(LearnerConfig(entropy_coef=0.5, entropy_schedule="linear", entropy_coef_final=0.01))
+    at_final = updated(LearnerConfig(entropy_coef=0.01))
+    at_start = updated(LearnerConfig(entropy_coef=0.5))
+    assert all(torch.equal(a, b) for a, b in zip(scheduled, at_final, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(scheduled, at_start, strict=True))
+
+    with pytest.raises(LearnerConfigError, match="constant or linear"):
+        Learner(base, LearnerConfig(entropy_schedule="cosine"))
+    with pytest.raises(LearnerConfigError, match="total_env_steps"):
+        Learner(base, LearnerConfig(entropy_schedule="linear"))
+    with pytest.raises(LearnerConfigError, match="entropy_coef_final must be a finite number >= 0"):
+        Learner(base, LearnerConfig(entropy_coef_final=-0.1))
+
+
 def test_bad_config_and_batch_are_rejected_with_a_fix():
     policy = ActorCritic(OBS, CONT, SMALL)
     with pytest.raises(LearnerConfigError, match="constant, linear or kl_adaptive"):
