@@ -311,11 +311,15 @@ class Learner:
         return self.vtrace_fn
 
     # ----- learning rate ------------------------------------------------------------------------------------------
+    def _anneal_left(self) -> float:
+        """The linear schedules' remaining fraction: 1 at env step 0, 0 at total_env_steps and after."""
+        return max(0.0, 1.0 - self.env_steps / float(self.total_env_steps))
+
     def current_lr(self) -> float:
         """The learning rate of the next update: schedule value times the non-finite back-off."""
         cfg = self.cfg
         if cfg.lr_schedule == "linear":
-            base = cfg.lr * max(0.0, 1.0 - self.env_steps / float(self.total_env_steps))
+            base = cfg.lr * self._anneal_left()
         elif cfg.lr_schedule == "kl_adaptive":
             base = self.adaptive_lr
         else:
@@ -326,8 +330,7 @@ class Learner:
         """The entropy bonus's weight in the next update (cfg.entropy_schedule)."""
         cfg = self.cfg
         if cfg.entropy_schedule == "linear":
-            left = max(0.0, 1.0 - self.env_steps / float(self.total_env_steps))
-            return cfg.entropy_coef_final + (cfg.entropy_coef - cfg.entropy_coef_final) * left
+            return cfg.entropy_coef_final + (cfg.entropy_coef - cfg.entropy_coef_final) * self._anneal_left()
         return cfg.entropy_coef
 
     def _adapt_lr(self, kl: float) -> None:
