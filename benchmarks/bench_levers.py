@@ -39,6 +39,9 @@ Variants (the suite's settings, docs/benchmark.md):
   the trainer's 4: a quarter or half less learner CPU per env step.
 * ``refresh=slot``: the sampler loads the learner's newest weights at each slot's start (``train.weights_refresh``)
   instead of before every policy forward, the trainer's default (``sampler.weights_refresh=step``).
+* ``pin_workers``: the mujoco backend pins stepping thread k of every env group to the k-th core
+  (``pin_workers``), so each group's two threads never share a core or migrate; the sampler's main thread and the
+  learner stay free. It measures env-only too (pinned), so its shares are also given against its own env-only.
 
 Take /tmp/race.lock while it runs (docs/benchmark.md).
 """
@@ -88,6 +91,7 @@ VARIANTS: dict[str, list[str]] = {
     "epochs=3": ["stages=[train]", "train.learner.num_epochs=3"],
     "epochs=2": ["stages=[train]", "train.learner.num_epochs=2"],
     "refresh=slot": ["stages=[train]", "train.weights_refresh=slot"],
+    "pin_workers": ["stages=[env,inference,train]", "++backend_options.mujoco.pin_workers=true"],
 }
 #: Variants that differ in the environment of the suite's process (inherited by its spawned samplers), not in config.
 VARIANT_ENV: dict[str, dict[str, str]] = {"tanh=torch": {"SAMPLE_FAST_TANH": "torch"}}

@@ -46,6 +46,7 @@ BACKEND_OPTIONS: dict[str, Any] = {
     "caller_steps": False,  # True: recv() steps the envs no worker has claimed yet itself instead of only waiting
     "kernel": "compiled",  # "compiled": runs of envs stepped in one GIL-free call (envs.mujoco_kernel); "python"
     "worker_nice": 0,  # added to the stepping threads' nice value (Linux; 0-19): the caller's thread preempts them
+    "pin_workers": False,  # True: stepping thread k runs only on the k-th core this process may use (mod their count)
 }
 
 #: How many runs of envs each stepping thread claims per step with the compiled kernel (a run is one GIL-free
@@ -265,9 +266,11 @@ def _unpack(packed: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return (*obs2.unbind(0), *f32.unbind(0), *flags.unbind(0), episode_length)
 
 
-def _worker_loop(w: _Worker, nice: int = 0) -> None:
+def _worker_loop(w: _Worker, nice: int = 0, cpu: int | None = None) -> None:
     if nice:  # Linux: a thread's own nice value (PRIO_PROCESS with its thread id); raising it needs no privilege
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    if cpu is not None:  # Linux: sched_setaffinity(0) pins the calling thread only, not its process
+        os.sched_setaffinity(0, {cpu})
     while True:
         # Woken by send() or close(); the timeout only bounds the wait, as every wait in the project is.
         if not w.start.wait(timeout=_IDLE_WAKE_S):
@@ -308,6 +311,10 @@ def check_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
         raise EnvError(f"worker_nice must be an int from 0 to 19, got {nice!r}")
     if opts["kernel"] not in ("compiled", "python"):
         raise EnvError(f"kernel must be 'compiled' or 'python', got {opts['kernel']!r}")
+    if not isinstance(opts["pin_workers"], bool):
+        raise EnvError(f"pin_workers must be true or false, got {opts['pin_workers']!r}")
+    if opts["pin_workers"] and not hasattr(os, "sched_setaffinity"):
+        raise EnvError("pin_workers=true needs os.sched_setaffinity (Linux); leave it false on this platform")
     return opts
 
 
@@ -399,9 +406,11 @@ class MujocoEnv(BatchedEnv):
 
         self._shared = _Shared(self)
         self._seed_rngs(seed)
+        cores = sorted(os.sched_getaffinity(0)) if opts["pin_workers"] else []
         for k in range(self.num_threads):
             w = _Worker(self._shared, f"mujoco-env-{k}")
-            t = threading.Thread(target=_worker_loop, args=(w, opts["worker_nice"]), name=w.name, daemon=True)
+            cpu = cores[k % len(cores)] if cores else None
+            t = threading.Thread(target=_worker_loop, args=(w, opts["worker_nice"], cpu), name=w.name, daemon=True)
             t.start()
             self._workers.append(w)
             self._threads.append(t)

@@ -475,6 +475,11 @@ BACKEND_BAD = [
         ("ant", "mujoco", {"worker_nice": -5}),
     ),
     (
+        ["env=ant", "+env.options.pin_workers=2"],
+        "env.options (mujoco backend): pin_workers must be true or false, got 2",
+        ("ant", "mujoco", {"pin_workers": 2}),
+    ),
+    (
         ["env=ant", "+env.options.kernel=numba"],
         "env.options (mujoco backend): kernel must be 'compiled' or 'python', got 'numba'",
         ("ant", "mujoco", {"kernel": "numba"}),

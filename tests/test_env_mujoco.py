@@ -567,3 +567,17 @@ def test_worker_nice_lowers_only_the_stepping_threads_priority():
         tids = [t.native_id for t in env._threads]
         assert [nice_of(t) for t in tids] == [min(19, base + 7)] * 2
         assert nice_of(threading.get_native_id()) == base  # the caller's thread keeps its own
+
+
+@pytest.mark.timeout(60)
+def test_pin_workers_pins_each_stepping_thread_to_one_core_in_turn():
+    cores = sorted(os.sched_getaffinity(0))
+    with make("hopper", 4, backend="mujoco", num_threads=3, pin_workers=True) as env:
+        env.reset()
+        env.step(torch.zeros(4, 3))
+        pinned = [os.sched_getaffinity(t.native_id) for t in env._threads]
+        assert pinned == [{cores[k % len(cores)]} for k in range(3)]
+        assert sorted(os.sched_getaffinity(0)) == cores  # the caller's thread (and so the process) is not pinned
+    with make("hopper", 4, backend="mujoco", num_threads=2) as env:  # the default leaves them free
+        env.reset()
+        assert [sorted(os.sched_getaffinity(t.native_id)) for t in env._threads] == [cores, cores]
