@@ -270,7 +270,10 @@ def _worker_loop(w: _Worker, nice: int = 0, cpu: int | None = None) -> None:
     if nice:  # Linux: a thread's own nice value (PRIO_PROCESS with its thread id); raising it needs no privilege
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
     if cpu is not None:  # Linux: sched_setaffinity(0) pins the calling thread only, not its process
-        os.sched_setaffinity(0, {cpu})
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError as e:  # reported by the first recv() (a cgroup may forbid it): set pin_workers=false
+            w.error = f"pin_workers: could not pin {w.name} to CPU {cpu} ({e}); set pin_workers=false"
     while True:
         # Woken by send() or close(); the timeout only bounds the wait, as every wait in the project is.
         if not w.start.wait(timeout=_IDLE_WAKE_S):

@@ -581,3 +581,15 @@ def test_pin_workers_pins_each_stepping_thread_to_one_core_in_turn():
     with make("hopper", 4, backend="mujoco", num_threads=2) as env:  # the default leaves them free
         env.reset()
         assert [sorted(os.sched_getaffinity(t.native_id)) for t in env._threads] == [cores, cores]
+
+
+@pytest.mark.timeout(60)
+def test_pin_workers_failure_is_reported_with_the_fix(monkeypatch):
+    def forbidden(pid, cpus):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setaffinity", forbidden)  # as a cgroup that forbids the CPU would
+    with make("hopper", 4, backend="mujoco", num_threads=2, pin_workers=True) as env:
+        with pytest.raises(EnvError, match="could not pin mujoco-env-0 to CPU .*set pin_workers=false"):
+            env.reset()
+            env.step(torch.zeros(4, 3))
