@@ -121,21 +121,12 @@ def record_video(
         fps = max(1, round(1.0 / env.dt)) if env.dt else 30
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         writer = imageio.get_writer(path, fps=fps, codec="libx264", quality=7, macro_block_size=16)
-        obs, _ = env.reset(seed=seed)
-        limit = max_steps or env.max_episode_steps or 1000
-        frames, total = 0, 0.0
-        actor = StatefulActor(policy, 1)
-        actor = StatefulActor(policy, 1)
-        for _ in range(limit):
+
+        def screen():
             renderer.update_scene(env.datas[0], camera=camera)
-            writer.append_data(renderer.render())
-            frames += 1
-            actions = actor.act(obs)
-            obs, reward, terminated, truncated, info = env.step(actions)
-            actor.observe(reward, terminated, truncated, info)
-            total += float(reward[0])
-            if bool(terminated[0] | truncated[0]):
-                break  # the env has already reset this copy: the next frame would be a new episode
+            return renderer.render()
+
+        frames, total = _play_recorded(env, policy, writer, screen, max_steps or env.max_episode_steps or 1000, seed)
         return path, frames, total
     finally:
         if writer is not None:
@@ -143,6 +134,24 @@ def record_video(
         if renderer is not None:
             renderer.close()
         env.close()
+
+
+def _play_recorded(env, policy, writer, screen, limit: int, seed: int) -> tuple[int, float]:
+    """Play one deterministic episode of env copy 0 (at most ``limit`` steps), appending ``screen()`` to ``writer``
+    before each step. Returns (frames, return). Stops at the first ``terminated`` or ``truncated``: the env has
+    already reset that copy, so the next frame would belong to a new episode."""
+    obs, _ = env.reset(seed=seed)
+    frames, total = 0, 0.0
+    actor = StatefulActor(policy, 1)
+    for _ in range(limit):
+        writer.append_data(screen())
+        frames += 1
+        obs, reward, terminated, truncated, info = env.step(actor.act(obs))
+        actor.observe(reward, terminated, truncated, info)
+        total += float(reward[0])
+        if bool(terminated[0] | truncated[0]):
+            break
+    return frames, total
 
 
 @torch.no_grad()
@@ -165,20 +174,11 @@ def record_atari_video(
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         # 420x320: both sides divide by 4, so ffmpeg keeps the size (macro blocks) and yuv420p gets even sides
         writer = imageio.get_writer(path, fps=fps, codec="libx264", quality=7, macro_block_size=4)
-        obs, _ = env.reset(seed=seed)
-        limit = max_steps or ATARI_VIDEO_STEPS
-        frames, total = 0, 0.0
-        actor = StatefulActor(policy, 1)
-        for _ in range(limit):
-            screen = env.render_rgb()[0]
-            writer.append_data(screen.repeat(ATARI_VIDEO_SCALE, axis=0).repeat(ATARI_VIDEO_SCALE, axis=1))
-            frames += 1
-            actions = actor.act(obs)
-            obs, reward, terminated, truncated, info = env.step(actions)
-            actor.observe(reward, terminated, truncated, info)
-            total += float(reward[0])
-            if bool(terminated[0] | truncated[0]):
-                break  # the env has already reset: the next screen is a new game
+
+        def screen():
+            return env.render_rgb()[0].repeat(ATARI_VIDEO_SCALE, axis=0).repeat(ATARI_VIDEO_SCALE, axis=1)
+
+        frames, total = _play_recorded(env, policy, writer, screen, max_steps or ATARI_VIDEO_STEPS, seed)
         return path, frames, total
     finally:
         if writer is not None:
