@@ -91,6 +91,9 @@ VARIANTS: dict[str, list[str]] = {
     "epochs=3": ["stages=[train]", "train.learner.num_epochs=3"],
     "epochs=2": ["stages=[train]", "train.learner.num_epochs=2"],
     "refresh=slot": ["stages=[train]", "train.weights_refresh=slot"],
+    "learner_sched=batch": ["stages=[train]", "train.learner_sched=batch"],
+    "learner_sched=idle": ["stages=[train]", "train.learner_sched=idle"],
+    "learner_sched=idle+epochs=2": ["stages=[train]", "train.learner_sched=idle", "train.learner.num_epochs=2"],
     "pin_workers": ["stages=[env,inference,train]", "++backend_options.mujoco.pin_workers=true"],
 }
 #: Variants that differ in the environment of the suite's process (inherited by its spawned samplers), not in config.

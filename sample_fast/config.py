@@ -500,6 +500,11 @@ def resolve(
                 validate()
             except ValueError as e:  # the component's own check; its message names the field
                 raise ConfigError(f"{section}: {e} (set it with {section}.<field>=...)") from None
+    if cfg.run.mode == "serial" and cfg.runner.learner_sched != "normal":
+        raise ConfigError(
+            f"runner.learner_sched={cfg.runner.learner_sched} needs run.mode=async: in serial mode the sampler runs in "
+            "the learner's threads (use runner.learner_sched=normal)"
+        )
     _fit_sampler_device(cfg, _check_policy(cfg), cuda)
     _check_recurrent(cfg)
     _check_logging(cfg.logging)

@@ -13,8 +13,10 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -160,6 +162,72 @@ def ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+#: ``runner.learner_sched`` values and the Linux scheduling policies they name (``man 7 sched``)
+SCHED_POLICIES = {"normal": "SCHED_OTHER", "batch": "SCHED_BATCH", "idle": "SCHED_IDLE"}
+
+
+def sched_policy(name: str) -> int:
+    """The ``os`` constant of a ``SCHED_POLICIES`` name. ValueError for an unknown name, or where this OS has no
+    such policy (only Linux has SCHED_BATCH and SCHED_IDLE)."""
+    if name not in SCHED_POLICIES:
+        raise ValueError(f"unknown scheduling policy {name!r}; choose one of: {', '.join(SCHED_POLICIES)}")
+    policy = getattr(os, SCHED_POLICIES[name], None)
+    if policy is None or not hasattr(os, "sched_setscheduler"):
+        raise ValueError(
+            f"the {name} scheduling policy ({SCHED_POLICIES[name]}) needs Linux; this is {sys.platform}: use normal"
+        )
+    return policy
+
+
+def set_threads_sched(policy: int, skip: Collection[int] = ()) -> list[int]:
+    """Move every thread of this process but those whose native ids are in ``skip`` to ``policy`` (static priority
+    0). Threads started later inherit the policy of the thread that starts them, child processes that of the thread
+    that forks them. An unprivileged thread may move to SCHED_BATCH or SCHED_IDLE, and from SCHED_BATCH back to
+    SCHED_OTHER, but not out of SCHED_IDLE (PermissionError: that needs CAP_SYS_NICE or RLIMIT_NICE >= 20). Returns
+    the ids moved; a thread that exits meanwhile is left out."""
+    moved = []
+    for name in sorted(os.listdir("/proc/self/task")):
+        tid = int(name)
+        if tid in skip:
+            continue
+        try:
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
+        except ProcessLookupError:
+            continue
+        moved.append(tid)
+    return moved
+
+
+def _block_stop_signals() -> None:
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+class KeptPolicyThread:
+    """One worker thread to start child processes from, which keeps the scheduling policy of the thread that built
+    it after the process's other threads moved to SCHED_BATCH or SCHED_IDLE (``set_threads_sched(..., skip=
+    {thread.native_id})``): a child inherits its forking thread's policy, and one forked from an idle thread could
+    not leave SCHED_IDLE. STOP_SIGNALS stay blocked in the thread for its whole life, so its children are born with
+    them blocked (as under ``stop_signals_blocked``) and the signals are delivered to the other threads."""
+
+    def __init__(self, name: str, timeout_s: float = 30.0) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name, initializer=_block_stop_signals)
+        try:
+            self.native_id: int = self.call(threading.get_native_id, timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def call(self, fn: Callable[[], object], timeout_s: float) -> object:
+        """``fn()`` on the thread: its result, or its exception re-raised here; TimeoutError (concurrent.futures)
+        after ``timeout_s``."""
+        return self._pool.submit(fn).result(timeout=timeout_s)
+
+    def close(self) -> None:
+        """Let the thread exit (it finishes a call in progress first; nothing waits for it)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def start_resource_tracker() -> None:

@@ -13,11 +13,20 @@ optimizer and counters throughout. Each restart is logged with its cause and rep
 More than ``RunnerConfig.max_sampler_restarts`` restarts within ``restart_window_s`` raise SamplerRestartLimit. A
 first process that fails with an exception before it was ever ready is not restarted (a broken env or policy would
 fail again): that is a SamplerError at once. Serial mode has no sampler process, hence no restarts.
+
+Learner scheduling (async, Linux; ``RunnerConfig.learner_sched``): ``batch`` or ``idle`` moves every thread of this
+process to SCHED_BATCH or SCHED_IDLE once the first sampler process is started, so a sampler that keeps the cores busy
+is not preempted by the learner, which trains on the CPU time left over (the sampler blocks when no slot is FREE, so
+the learner always gets its turn). Every sampler process, replacements included, is started from a helper thread
+that keeps SCHED_OTHER (``procs.KeptPolicyThread``): a child inherits its forking thread's policy. At shutdown the
+threads go back to SCHED_OTHER where the OS allows it: always from batch, from idle only with CAP_SYS_NICE (root) or
+RLIMIT_NICE >= 20; otherwise the calling process's threads stay idle after ``run`` returns (the trainer exits then).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import faulthandler
 import logging
 import os
@@ -42,6 +51,8 @@ from sample_fast.procs import (
     CTRL_SAMPLER_STEPS,
     CTRL_SAMPLER_WAIT_S,
     CTRL_STOP,
+    SCHED_POLICIES,
+    KeptPolicyThread,
     SharedRngState,
     StackDumpFile,
     ignore_stop_signals,
@@ -49,7 +60,9 @@ from sample_fast.procs import (
     new_control,
     pid_alive,
     register_stack_dump,
+    sched_policy,
     set_parent_death_signal,
+    set_threads_sched,
     start_resource_tracker,
     stop_signals_blocked,
 )
@@ -78,6 +91,11 @@ class RunnerConfig:
     #: one failure more stops the run (SamplerRestartLimit). 0: the first failure stops it
     max_sampler_restarts: int = 3
     restart_window_s: float = 600.0  #: the sliding window max_sampler_restarts counts restarts in
+    #: async, Linux: the scheduling policy of the learner process's threads once its sampler runs: normal
+    #: (SCHED_OTHER), batch (SCHED_BATCH) or idle (SCHED_IDLE: the learner gets only the CPU time no sampler thread
+    #: wants, so a sampler that saturates the cores is never preempted by it). Sampler processes, replacements
+    #: included, are started from a thread that keeps normal. One-way for idle without CAP_SYS_NICE: see Runner.
+    learner_sched: str = "normal"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -91,6 +109,11 @@ class RunnerConfig:
         m = self.max_sampler_restarts
         if not isinstance(m, int) or isinstance(m, bool) or m < 0:
             raise ValueError(f"runner.max_sampler_restarts must be an int >= 0 (0: never restart), got {m!r}")
+        if self.learner_sched not in SCHED_POLICIES:
+            raise ValueError(
+                f"runner.learner_sched must be one of {', '.join(SCHED_POLICIES)}, got {self.learner_sched!r}"
+            )
+        sched_policy(self.learner_sched)  # ValueError naming the fix where the OS has no such policy
         if self.mp_start_method not in ("spawn", "forkserver"):
             raise ValueError(f"runner.mp_start_method must be spawn or forkserver, got {self.mp_start_method!r}")
         for name in (
@@ -304,6 +327,11 @@ class Runner:
             torch.set_num_threads(runner_cfg.learner_threads)
         self.policy = policy_fn()
         self.learner = learner_fn(self.policy)
+        if mode == "serial" and runner_cfg.learner_sched != "normal":
+            raise ValueError(
+                f"runner.learner_sched={runner_cfg.learner_sched} needs mode=async: in serial mode the sampler runs in "
+                "the learner's threads (use runner.learner_sched=normal)"
+            )
         if mode == "serial" and sampler_cfg.device != "auto":
             first = next(iter(self.policy.parameters()), None)
             learner_device = first.device if first is not None else torch.device("cpu")
@@ -331,6 +359,7 @@ class Runner:
         self.sampler_restarts = 0  #: sampler processes replaced in this run
         self._failures: collections.deque[float] = collections.deque()  # monotonic times, within restart_window_s
         self._generation = 0  # 0: the first sampler process; n: its n-th replacement
+        self._spawner: KeptPolicyThread | None = None  # learner_sched != normal: starts the sampler processes
 
     # ----- public ---------------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -407,7 +436,13 @@ class Runner:
         self.episodes = EpisodeRing(self.rcfg.episode_capacity, shared=True)
         self.control = new_control(shared=True)
         self._rng_shared = SharedRngState()
+        if self.rcfg.learner_sched != "normal":
+            self._spawner = KeptPolicyThread("sample_fast-spawner", timeout_s=self.rcfg.startup_timeout_s)
         self._spawn_sampler(self._initial_sampler_rng)
+        if self._spawner is not None:
+            moved = set_threads_sched(sched_policy(self.rcfg.learner_sched), skip={self._spawner.native_id})
+            log.info("learner threads %s now %s (runner.learner_sched=%s)", moved,
+                     SCHED_POLICIES[self.rcfg.learner_sched], self.rcfg.learner_sched)  # fmt: skip
 
     def _spawn_sampler(self, rng_state: torch.Tensor | None) -> None:
         """Start a sampler process (the first, or the replacement of one that failed) on the shared stores."""
@@ -439,8 +474,18 @@ class Runner:
         process = ctx.Process(target=_sampler_main, args=args, name="sample_fast-sampler", daemon=True)
         self._sampler_started_s = time.monotonic()
         try:
-            with stop_signals_blocked():  # the child is born with them blocked (procs.stop_signals_blocked)
-                process.start()
+            if self._spawner is None:
+                with stop_signals_blocked():  # the child is born with them blocked (procs.stop_signals_blocked)
+                    process.start()
+            else:  # the child inherits the forking thread's policy: the spawner's normal one, signals blocked
+                self.process = process  # reaped at shutdown even if start() finishes after the timeout below
+                try:
+                    self._spawner.call(process.start, timeout_s=self.rcfg.startup_timeout_s)
+                except concurrent.futures.TimeoutError:
+                    raise SamplerError(
+                        f"starting the sampler process took longer than runner.startup_timeout_s="
+                        f"{self.rcfg.startup_timeout_s:g}", kind="startup",
+                    ) from None  # fmt: skip
         finally:
             err_send.close()  # the child holds the only write end: EOF on our side means it is gone
         self.process = process
@@ -649,6 +694,29 @@ class Runner:
             self.sampler.close()
             self.sampler = None
         self._reap_sampler(graceful=True)
+        if self._spawner is not None:
+            self._spawner.close()
+            self._spawner = None
+            self._restore_sched()
+
+    def _restore_sched(self) -> None:
+        """Move this process's threads that are at learner_sched's policy (the ones moved, and those they started
+        since) back to SCHED_OTHER where allowed: from batch always, from idle only with CAP_SYS_NICE (root) or
+        RLIMIT_NICE >= 20; otherwise they stay idle for the rest of the process (the Runner's docstring says so)."""
+        policy = sched_policy(self.rcfg.learner_sched)
+        at_policy = set()
+        for name in os.listdir("/proc/self/task"):
+            try:
+                if os.sched_getscheduler(int(name)) == policy:
+                    at_policy.add(int(name))
+            except ProcessLookupError:
+                continue
+        others = {int(name) for name in os.listdir("/proc/self/task")} - at_policy
+        try:
+            set_threads_sched(os.SCHED_OTHER, skip=others)
+        except PermissionError:
+            log.info("runner.learner_sched=%s: this process's threads stay %s (leaving it needs CAP_SYS_NICE)",
+                     self.rcfg.learner_sched, SCHED_POLICIES[self.rcfg.learner_sched])  # fmt: skip
 
     def _reap_sampler(self, graceful: bool) -> None:
         """Stop and join the sampler process and close its pipe and dump file. ``graceful``: ask it through

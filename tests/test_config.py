@@ -701,3 +701,19 @@ def test_a_cpu_atari_learner_gets_every_core_and_an_ant_learner_half():
 def test_pong_with_an_mlp_policy_resolves_with_the_normaliser():
     cfg = resolve(_compose("env=pong", "policy.encoder=mlp", "policy.normalize_obs=true"), num_cores=2, cuda=False)
     assert cfg.policy.encoder == "mlp"
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["runner.learner_sched=low"], r"runner\.learner_sched must be one of normal, batch, idle, got 'low'"),
+        (["runner.learner_sched=idle", "run.mode=serial"],
+         r"runner\.learner_sched=idle needs run\.mode=async: .*use runner\.learner_sched=normal"),
+    ],
+)  # fmt: skip
+def test_bad_learner_sched_names_the_fix(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve(_compose("env=ant", *overrides), num_cores=2, cuda=False)
+    assert resolve(_compose("env=ant", "runner.learner_sched=idle"), num_cores=2, cuda=False).runner.learner_sched == (
+        "idle"
+    )

@@ -6,6 +6,7 @@ Process start-up with spawn costs ~2-6 s here, so each async test starts exactly
 
 import functools
 import gc
+import json
 import math
 import multiprocessing
 import os
@@ -549,3 +550,115 @@ def test_async_runner_with_a_slot_shape_builds_envs_only_in_the_sampler_process(
     assert sorted(ours.keys()) == sorted(theirs.keys())
     for key in theirs.keys():
         assert (ours[key].shape, ours[key].dtype) == (theirs[key].shape, theirs[key].dtype), key
+
+
+# ----- learner scheduling (runner.learner_sched) ----------------------------------------------------------------------
+def test_learner_sched_bad_values_name_the_fix(monkeypatch):
+    with pytest.raises(ValueError, match=r"runner\.learner_sched must be one of normal, batch, idle, got 'nice'"):
+        RunnerConfig(learner_sched="nice")
+    with pytest.raises(ValueError, match=r"learner_sched=idle needs mode=async: .*use runner\.learner_sched=normal"):
+        Runner(functools.partial(toy_env, 6), VersionPolicy, CheckingLearner, _cfg(), _rcfg(learner_sched="idle"),
+               mode="serial")  # fmt: skip
+    monkeypatch.delattr(os, "SCHED_IDLE")  # an OS without Linux's policies (macOS)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(ValueError, match=r"idle scheduling policy \(SCHED_IDLE\) needs Linux; this is darwin: use"):
+        RunnerConfig(learner_sched="idle")
+    assert RunnerConfig(learner_sched="normal").learner_sched == "normal"
+
+
+_SCHED_SCRIPT = """
+import functools, json, os, signal, sys
+import torch
+from sample_fast.envs import make
+from sample_fast.runner import Runner, RunnerConfig
+from sample_fast.sampler import SamplerConfig
+
+class Policy(torch.nn.Module):  # a minimal ActorCritic stand-in (self-contained: the child imports only this file)
+    def __init__(self):
+        super().__init__()
+        self.mean = torch.nn.Parameter(torch.zeros(2))
+    @torch.no_grad()
+    def act(self, obs, deterministic=False):
+        noise = torch.randn(obs.shape[0], 2)
+        return self.mean + 0.1 * noise, (-0.5 * noise.square()).sum(-1), obs.sum(-1)
+
+def recording_env(path, num_envs):  # built in each sampler process (and once here, the probe): who, at which policy
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()} {os.sched_getscheduler(0)}\\n")
+    return make("toy", num_envs)
+
+def thread_policies(skip):
+    seen = set()
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) not in skip:
+            try:
+                seen.add(os.sched_getscheduler(int(tid)))
+            except ProcessLookupError:
+                pass
+    return seen
+
+class Learner:
+    def __init__(self, policy):
+        self.policy, self.policy_version, self.seen = policy, 0, set()
+    def train(self, batch):
+        self.policy_version += 1
+        self.seen |= thread_policies({runner._spawner.native_id})  # every thread of this process but the spawner
+        return {}
+
+class Hooks:
+    def __init__(self):
+        self.trains, self.restarts = 0, []
+    def on_train(self, env_steps, metrics):
+        self.trains += 1
+        if self.trains == 3:  # the replacement is started by the runner while the learner's threads are moved
+            os.kill(runner.process.pid, signal.SIGKILL)
+    def on_sampler_restart(self, env_steps, cause, restarts):
+        self.restarts.append(restarts)
+
+if __name__ == "__main__":
+    out = {}
+    for sched in sys.argv[2:]:
+        path = f"{sys.argv[1]}.{sched}"
+        hooks = Hooks()
+        runner = Runner(functools.partial(recording_env, path, 6), Policy, Learner,
+                        SamplerConfig(rollout_len=8, num_splits=2, num_slots=4, seed=0),
+                        RunnerConfig(poll_s=0.05, learner_sched=sched), mode="async", hooks=hooks)
+        summary = runner.run(total_env_steps=48 * 12)
+        samplers = [tuple(map(int, line.split())) for line in open(path).read().split("\\n") if line]
+        after = os.sched_getscheduler(0)
+        try:  # what the runner's restore at shutdown could do
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            may_leave = True
+        except PermissionError:
+            may_leave = False
+        out[sched] = {"reason": summary["reason"], "restarts": hooks.restarts, "learner": sorted(runner.learner.seen),
+                      "samplers": [s for s in samplers if s[0] != os.getpid()], "after": after,
+                      "may_leave": may_leave, "threads_after": sorted(thread_policies(set()))}
+    print("RESULT", json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)  # two runs of a few seconds, each with a spawned replacement sampler
+def test_learner_sched_moves_the_learner_and_keeps_every_sampler_normal(tmp_path):
+    """runner.learner_sched=batch/idle: while training, every thread of the learner process (but the spawner) is at
+    that policy; both sampler processes, the first and the replacement of a kill -9'd one, are born SCHED_OTHER (a
+    child inherits its forking thread's policy, and none could leave SCHED_IDLE without CAP_SYS_NICE); afterwards
+    batch is undone, and idle too unless the OS forbids leaving it. In a process of its own: idle may be one-way."""
+    script = tmp_path / "sched.py"
+    script.write_text(_SCHED_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "built"), "batch", "idle"], capture_output=True,
+                          text=True, timeout=280)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT ") :])
+    for sched, policy in (("batch", os.SCHED_BATCH), ("idle", os.SCHED_IDLE)):
+        r = result[sched]
+        assert r["reason"] == "total_env_steps" and r["restarts"] == [1]
+        assert r["learner"] == [policy]
+        pids = [pid for pid, _ in r["samplers"]]
+        assert len(pids) == 4 and len(set(pids)) == 2  # 2 splits built by each of the 2 sampler processes
+        assert {p for _, p in r["samplers"]} == {os.SCHED_OTHER}
+    assert result["batch"]["after"] == os.SCHED_OTHER and result["batch"]["threads_after"] == [os.SCHED_OTHER]
+    idle = result["idle"]
+    # restored where allowed; left idle only where leaving idle is refused
+    assert idle["after"] == (os.SCHED_OTHER if idle["may_leave"] else os.SCHED_IDLE)

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sample_fast.procs import SCHED_POLICIES
+
 #: ``inference_rnn``: the inference stage with a recurrent policy (``policy_rnn``), for its cost next to the MLP's.
 STAGES = ("env", "inference", "train", "inference_rnn")
 RNN_CHOICES = ("gru", "lstm")
@@ -46,6 +48,7 @@ class TrainStageConfig:
     rollout_len: int = 64  #: T of each trajectory slot
     num_splits: int = 2  #: double-buffering groups; num_envs must be divisible by it (else 1 is used)
     learner_threads: int = 0  #: torch threads of the learner; 0 = half the cores, as the trainer fits them
+    learner_sched: str = "normal"  #: the learner's scheduling policy (runner.learner_sched): normal, batch, idle
     #: LearnerConfig overrides; the default is what ``configs/algo/appo.yaml`` changes from the dataclass defaults
     #: that costs CPU (4 epochs per batch), so the stage measures the trainer's default work per sample.
     learner: dict[str, Any] = field(default_factory=lambda: {"num_epochs": 4})
@@ -199,6 +202,12 @@ def resolve(cfg: BenchmarkConfig) -> BenchmarkConfig:
         raise BenchmarkConfigError(f"train.warmup_s must be >= 0 or null, got {cfg.train.warmup_s}")
     if cfg.train.mode not in ("async", "serial"):
         raise BenchmarkConfigError(f"train.mode={cfg.train.mode!r}; choose from: async, serial")
+    if cfg.train.learner_sched not in SCHED_POLICIES:
+        raise BenchmarkConfigError(
+            f"train.learner_sched={cfg.train.learner_sched!r}; choose from: {', '.join(SCHED_POLICIES)}"
+        )
+    if cfg.train.learner_sched != "normal" and cfg.train.mode != "async":
+        raise BenchmarkConfigError(f"train.learner_sched={cfg.train.learner_sched} needs train.mode=async")
     if cfg.train.weights_refresh not in ("step", "slot"):
         raise BenchmarkConfigError(f"train.weights_refresh={cfg.train.weights_refresh!r}; choose from: step, slot")
     bad_n = [n for n in cfg.num_envs if not isinstance(n, int) or isinstance(n, bool) or n < 1]

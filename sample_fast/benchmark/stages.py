@@ -311,6 +311,7 @@ def measure_train(case: Case, cfg: BenchmarkConfig) -> CaseResult:
         # 0: fitted as sample_fast.config.resolve fits the trainer's (half the cores; every core for an Atari CNN
         # learner on the CPU)
         learner_threads=tcfg.learner_threads or default_learner_threads(case.env, str(device), cpu_cores()),
+        learner_sched=tcfg.learner_sched,
         # The sampler's first MJX step compiles (a minute on a busy CPU), which must not read as a stall.
         heartbeat_timeout_s=max(60.0, cfg.measure_timeout_s),
         startup_timeout_s=max(300.0, cfg.measure_timeout_s),
