@@ -39,6 +39,9 @@ Variants (the suite's settings, docs/benchmark.md):
   the trainer's 4: a quarter or half less learner CPU per env step.
 * ``refresh=slot``: the sampler loads the learner's newest weights at each slot's start (``train.weights_refresh``)
   instead of before every policy forward, the trainer's default (``sampler.weights_refresh=step``).
+* ``learner_sched=batch`` / ``idle`` / ``idle+epochs=2``: the learner process's threads under Linux's SCHED_BATCH or
+  SCHED_IDLE policy once the sampler runs (``train.learner_sched``, the trainer's ``runner.learner_sched``; SCHED_IDLE
+  runs them only on CPU time no sampler thread wants), the last with 2 learner epochs as well.
 * ``pin_workers``: the mujoco backend pins stepping thread k of every env group to the k-th core
   (``pin_workers``), so each group's two threads never share a core or migrate; the sampler's main thread and the
   learner stay free. It measures env-only too (pinned), so its shares are also given against its own env-only.
