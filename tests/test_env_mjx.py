@@ -563,8 +563,21 @@ def test_hopper_float64_agrees_with_mujoco_c_and_terminates_when_unhealthy(isola
     isolated.check()
 
 
+#: compare_with_mujoco_backend: env steps compared element by element at the given tolerance, and after them the
+#: share of elements allowed past it at one step and the factor no element (nor the reward) may exceed it by
+TIGHT_STEPS, SPIKE_SHARE, SPIKE_FACTOR = 6, 0.05, 10.0
+
+
 def compare_with_mujoco_backend(env, actions: torch.Tensor, seed: int, obs_atol: float, rew_atol: float) -> None:
-    """Step the ``mujoco`` backend (envs/mujoco_env.py) from MJX's reset state with the same actions; compare."""
+    """Step the ``mujoco`` backend (envs/mujoco_env.py) from MJX's reset state with the same actions; compare.
+
+    Every element within ``obs_atol`` + 1e-2 relative (reward: ``rew_atol``) for the first TIGHT_STEPS env steps
+    (30 physics steps; measured drift there <= 1e-4, while a semantic error, e.g. actions scaled by 0.95, puts a
+    quarter of the elements 3-137x past the bound from the first step on). After that float32 roundoff, amplified
+    at contact events, can throw single joint velocities off for a step: on a 2-core AVX2 AMD EPYC host
+    (2026-12-07) HalfCheetah had steps with 1-2 of 68 elements 1.5-3.7x past the bound (0.12-0.3 on velocities of
+    ~3; seeds 12 and 13, steps 14-23) and the rest within it. So each later step may have SPIKE_SHARE of its
+    elements past the bound, none by more than SPIKE_FACTOR, and the reward within SPIKE_FACTOR x ``rew_atol``."""
     user = {k: v for k, v in env.options.items() if k not in mjx_env.MJX_OPTIONS}
     with make(env.name, env.num_envs, backend="mujoco", seed=0, num_threads=1, **user) as ref:
         ref.reset(seed=0)
@@ -572,14 +585,22 @@ def compare_with_mujoco_backend(env, actions: torch.Tensor, seed: int, obs_atol:
         qpos, qvel = (x.double().numpy() for x in env.physics_state())
         for i in range(env.num_envs):
             ref.set_state(i, qpos[i], qvel[i])
-        for a in actions:
+        for t, a in enumerate(actions):
             r, r_ref = env.step(a), ref.step(a)
-            np.testing.assert_allclose(r.obs.numpy(), r_ref.obs.numpy(), atol=obs_atol, rtol=1e-2)
-            np.testing.assert_allclose(r.reward.numpy(), r_ref.reward.numpy(), atol=rew_atol, rtol=0)
+            obs, obs_ref = r.obs.double().numpy(), r_ref.obs.double().numpy()
+            past = np.abs(obs - obs_ref) / (obs_atol + 1e-2 * np.abs(obs_ref))  # > 1: past the bound
+            rew_past = float(np.abs(r.reward.double().numpy() - r_ref.reward.double().numpy()).max()) / rew_atol
+            where = f"step {t}: {int((past > 1).sum())} of {past.size} obs past the bound (worst {past.max():.2f}x)"
+            if t < TIGHT_STEPS:
+                assert past.max() <= 1 and rew_past <= 1, f"{where}, reward {rew_past:.2f}x"
+            else:
+                assert (past > 1).mean() <= SPIKE_SHARE and past.max() <= SPIKE_FACTOR, where
+                assert rew_past <= SPIKE_FACTOR, f"step {t}: reward {rew_past:.2f}x past {rew_atol}"
             assert torch.equal(r.terminated, r_ref.terminated) and torch.equal(r.truncated, r_ref.truncated)
 
 
 @pytest.mark.timeout(300, method="thread")
 def test_agrees_with_mujoco_backend(cheetah):
-    # Same tolerances and reasoning as test_agrees_with_float64_mujoco_c_for_20_steps.
+    # The tolerances of test_agrees_with_float64_mujoco_c_for_20_steps, with the contact spikes that
+    # compare_with_mujoco_backend allows after its first steps.
     compare_with_mujoco_backend(cheetah, random_actions(MAX_STEPS - 1, NUM_ENVS, 6, seed=6), 12, 5e-2, 1e-2)
