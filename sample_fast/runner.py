@@ -478,7 +478,7 @@ class Runner:
                 with stop_signals_blocked():  # the child is born with them blocked (procs.stop_signals_blocked)
                     process.start()
             else:  # the child inherits the forking thread's policy: the spawner's normal one, signals blocked
-                self.process = process  # reaped at shutdown even if start() finishes after the timeout below
+                # (a start() still running after the timeout leaves a child that its parent-death signal takes down)
                 try:
                     self._spawner.call(process.start, timeout_s=self.rcfg.startup_timeout_s)
                 except concurrent.futures.TimeoutError:
