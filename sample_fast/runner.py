@@ -704,14 +704,13 @@ class Runner:
         since) back to SCHED_OTHER where allowed: from batch always, from idle only with CAP_SYS_NICE (root) or
         RLIMIT_NICE >= 20; otherwise they stay idle for the rest of the process (the Runner's docstring says so)."""
         policy = sched_policy(self.rcfg.learner_sched)
-        at_policy = set()
-        for name in os.listdir("/proc/self/task"):
+        others = set()
+        for tid in map(int, os.listdir("/proc/self/task")):
             try:
-                if os.sched_getscheduler(int(name)) == policy:
-                    at_policy.add(int(name))
+                if os.sched_getscheduler(tid) != policy:
+                    others.add(tid)
             except ProcessLookupError:
                 continue
-        others = {int(name) for name in os.listdir("/proc/self/task")} - at_policy
         try:
             set_threads_sched(os.SCHED_OTHER, skip=others)
         except PermissionError:

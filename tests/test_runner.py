@@ -420,8 +420,9 @@ def test_shared_rng_state_reads_only_complete_writes():
     assert shared.read(timeout_s=0.05) is None and time.monotonic() - t0 < 5.0
 
 
-_SIGTERM_SCRIPT = """
-import functools, math, time
+#: the start of the runner scripts below, run as their own processes
+_SCRIPT_HEAD = """
+import functools, json, math, os, signal, sys, time
 import torch
 from sample_fast.envs import make
 from sample_fast.runner import Runner, RunnerConfig
@@ -435,7 +436,11 @@ class Policy(torch.nn.Module):  # a minimal ActorCritic stand-in (self-contained
     def act(self, obs, deterministic=False):
         noise = torch.randn(obs.shape[0], 2)
         return self.mean + 0.1 * noise, (-0.5 * noise.square()).sum(-1), obs.sum(-1)
+"""
 
+_SIGTERM_SCRIPT = (
+    _SCRIPT_HEAD
+    + """
 class Learner:
     def __init__(self, policy):
         self.policy, self.policy_version = policy, 0
@@ -458,6 +463,7 @@ if __name__ == "__main__":
     summary = runner.run(total_env_steps=10**9)
     print("SUMMARY", summary["reason"], flush=True)
 """
+)
 
 
 @pytest.mark.timeout(300)  # ~20 s on an idle machine; two fresh interpreters under heavy load take far longer
@@ -566,22 +572,9 @@ def test_learner_sched_bad_values_name_the_fix(monkeypatch):
     assert RunnerConfig(learner_sched="normal").learner_sched == "normal"
 
 
-_SCHED_SCRIPT = """
-import functools, json, os, signal, sys
-import torch
-from sample_fast.envs import make
-from sample_fast.runner import Runner, RunnerConfig
-from sample_fast.sampler import SamplerConfig
-
-class Policy(torch.nn.Module):  # a minimal ActorCritic stand-in (self-contained: the child imports only this file)
-    def __init__(self):
-        super().__init__()
-        self.mean = torch.nn.Parameter(torch.zeros(2))
-    @torch.no_grad()
-    def act(self, obs, deterministic=False):
-        noise = torch.randn(obs.shape[0], 2)
-        return self.mean + 0.1 * noise, (-0.5 * noise.square()).sum(-1), obs.sum(-1)
-
+_SCHED_SCRIPT = (
+    _SCRIPT_HEAD
+    + """
 def recording_env(path, num_envs):  # built in each sampler process (and once here, the probe): who, at which policy
     with open(path, "a") as f:
         f.write(f"{os.getpid()} {os.sched_getscheduler(0)}\\n")
@@ -636,6 +629,7 @@ if __name__ == "__main__":
                       "may_leave": may_leave, "threads_after": sorted(thread_policies(set()))}
     print("RESULT", json.dumps(out), flush=True)
 """
+)
 
 
 @pytest.mark.timeout(300)  # two runs of a few seconds, each with a spawned replacement sampler
