@@ -35,6 +35,8 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "isolated(func, timeout_s): run func() of the test's file in a background subprocess (conftest)"
     )
+    # pytest-xdist registers it too; here for a run without xdist (-p no:xdist), where it only orders nothing
+    config.addinivalue_line("markers", "xdist_group(name): tests that share a compile cache run on one xdist worker")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -52,7 +54,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _weight(item, run_slow: bool) -> int:
-    """2: an ``isolated`` MJX compile job (50-115 s each); 1: another ``slow`` test; 0: the rest, or a test that
+    """2: an ``isolated`` MJX compile job (50-145 s each); 1: another ``slow`` test; 0: the rest, or a test that
     shares a module-scoped fixture with its neighbours (moving it away would build that fixture twice)."""
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     if any(d and d[-1].scope in ("module", "package") for d in defs.values()):
@@ -62,19 +64,37 @@ def _weight(item, run_slow: bool) -> int:
     return 1 if run_slow and "slow" in item.keywords else 0
 
 
+def _group(item, weight: int) -> str | None:
+    """The ``xdist_group`` name of a test that shares an on-disk compile cache with the others of its group (MuJoCo
+    Warp's kernels, one MJX program in the XLA cache): all of them run on one worker, so the group compiles once
+    instead of once per worker at the same time. An ``isolated`` job (weight 2) runs in a fresh interpreter and
+    shares nothing, so it is dealt like any long test."""
+    marker = item.get_closest_marker("xdist_group")
+    if marker is None or weight == 2:
+        return None
+    return str(marker.args[0] if marker.args else marker.kwargs["name"])
+
+
 def long_tests_first_in_each_half(items: list, run_slow: bool) -> list:
     """The order for xdist's ``worksteal``: it hands the first half of the list to one worker and the second half to
     the other, and a worker that runs out steals from the END of the other's queue. With the long tests dealt
-    alternately to the front of each half, both workers start on them and end on short tests, so neither is left
-    running a two-minute test alone at the end (the same order in every worker, as xdist requires)."""
+    to the front of each half (each to the half with fewer so far), both workers start on them and end on short
+    tests, so neither is left running a two-minute test alone at the end (the same order in every worker, as xdist
+    requires). The tests of one ``xdist_group`` all go to one half (groups alternate between the halves): its long
+    tests among that half's leaders, its short ones right after them, in collection order, where the other worker
+    does not steal them."""
     weights = [_weight(it, run_slow) for it in items]
-    long_ = sorted((i for i, w in enumerate(weights) if w), key=lambda i: -weights[i])  # stable: collection order
-    short = [i for i, w in enumerate(weights) if not w]
-    halves: list[list[int]] = [long_[0::2], long_[1::2]]
-    first_len = len(items) // 2
-    fill = first_len - len(halves[0])
-    if fill < 0:  # more long tests than half the run: keep the collection order
-        return items
+    groups = [_group(it, w) for it, w in zip(items, weights, strict=True)]
+    home = {g: k % 2 for k, g in enumerate(dict.fromkeys(g for g in groups if g))}
+    halves: list[list[int]] = [[], []]
+    for i in sorted((i for i, w in enumerate(weights) if w), key=lambda i: -weights[i]):  # stable: collection order
+        g = groups[i]
+        halves[home[g] if g else int(len(halves[1]) < len(halves[0]))].append(i)
+    for i, (w, g) in enumerate(zip(weights, groups, strict=True)):
+        if g and not w:
+            halves[home[g]].append(i)
+    short = [i for i, (w, g) in enumerate(zip(weights, groups, strict=True)) if not w and not g]
+    fill = max(0, len(items) // 2 - len(halves[0]))
     halves[0] += short[:fill]
     halves[1] += short[fill:]
     return [items[i] for i in halves[0] + halves[1]]

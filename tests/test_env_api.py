@@ -40,7 +40,15 @@ CASES: dict[str, tuple[str | None, tuple, dict]] = {
 }
 
 #: The cases as pytest params; building an MJX env compiles, so those run only with --runslow.
-CASE_PARAMS = [pytest.param(c, marks=pytest.mark.slow) if c == "mjx" else c for c in CASES]
+#: The mjx and warp cases join the tests that compile the same program or kernels (tests/conftest.py: one worker).
+CASE_PARAMS = [
+    pytest.param(c, marks=[pytest.mark.slow, pytest.mark.xdist_group("mjx-halfcheetah")])
+    if c == "mjx"
+    else pytest.param(c, marks=pytest.mark.xdist_group("warp-kernels"))
+    if c == "warp"
+    else c
+    for c in CASES
+]
 
 
 def _make_case(case_id: str, **extra):

@@ -22,6 +22,9 @@ import torch
 from mujoco import mjx
 from sample_fast.envs import EnvError, make, mjx_env, tasks
 
+#: the tests that build the shared HalfCheetah program run on one worker (tests/conftest.py), which compiles it once
+#: for them, test_env_api's mjx case and test_train_config_errors' mjx run; the isolated jobs are dealt apart
+pytestmark = pytest.mark.xdist_group("mjx-halfcheetah")
 NUM_ENVS = 4
 MAX_STEPS = 25
 CACHE_DIR = os.path.join(os.path.dirname(__file__), os.pardir, ".pytest_cache", "mjx-xla")

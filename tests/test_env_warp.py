@@ -21,6 +21,9 @@ import warp as wp
 from sample_fast.envs import TASKS, EnvError, make, resolve_backend, warp_env
 from sample_fast.envs.custom import register_robot
 
+#: every test here builds or loads MuJoCo Warp's kernels: one worker runs them all (tests/conftest.py), so a fresh
+#: clone compiles the kernels once, not once per worker at the same time
+pytestmark = pytest.mark.xdist_group("warp-kernels")
 CACHE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, ".cache", "warp"))
 NUM_ENVS = 3
 MAX_STEPS = 25

@@ -131,9 +131,10 @@ def test_partial_reset_mjx(arm):
 
 
 @pytest.mark.timeout(300, method="thread")
+@pytest.mark.xdist_group("warp-kernels")  # after test_env_warp's tests, on their worker: the kernels are built
 def test_partial_reset_warp(arm):
     pytest.importorskip("mujoco_warp")  # pinned in pyproject; a stripped install lacks only this backend
-    cache = os.path.join(os.path.dirname(__file__), os.pardir, ".pytest_cache", "warp-kernels")
+    cache = os.path.join(os.path.dirname(__file__), os.pardir, ".cache", "warp")  # test_env_warp's kernel cache
 
     def build():
         return make(arm, 4, backend="warp", device="cpu", kernel_cache_dir=os.path.abspath(cache))

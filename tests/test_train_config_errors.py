@@ -97,6 +97,7 @@ def test_mjx_probe_leaves_out_mjx_only_options():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.xdist_group("mjx-halfcheetah")  # on the worker that compiles test_env_mjx's cheetah program
 def test_mjx_run_with_mjx_options_trains(tmp_path):
     """End to end: an mjx run with MJX-only options starts (spec probe included), trains and checkpoints.
 
