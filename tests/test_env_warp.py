@@ -474,15 +474,17 @@ def test_trainer_runs_with_the_warp_backend(tmp_path):
     from sample_fast.logger import read_csv
 
     env = {**os.environ, "WARP_CACHE_PATH": CACHE_DIR}
+    # Two updates of 16 steps x 8 envs: MJWarp on the CPU is launch-bound (~0.4 s per Hopper env step on a slow
+    # 2-core host: ~90 kernel launches per forward pass, 4 forwards per RK4 step), so the time follows the env steps.
     proc = subprocess.run(
         [sys.executable, "-m", "sample_fast.train", "env=hopper", "env.backend=warp", "env.num_envs=8",
-         "run.total_env_steps=512", "sampler.rollout_len=32", "run.mode=serial", f"run.dir={tmp_path}",
+         "run.total_env_steps=256", "sampler.rollout_len=16", "run.mode=serial", f"run.dir={tmp_path}",
          "logging.progress=plain"],
         capture_output=True, text=True, timeout=280, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_csv(str(tmp_path / "progress.csv"))
-    assert rows and rows[-1]["env_steps"] >= 512
+    assert len(rows) >= 2 and rows[-1]["env_steps"] >= 256
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(tmp_path / "config.yaml")
