@@ -35,7 +35,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "isolated(func, timeout_s): run func() of the test's file in a background subprocess (conftest)"
     )
-    # pytest-xdist registers it too; here for a run without xdist (-p no:xdist), where it only orders nothing
+    # pytest-xdist registers it too; registered here for a run without xdist (-p no:xdist), where it changes nothing
     config.addinivalue_line("markers", "xdist_group(name): tests that share a compile cache run on one xdist worker")
 
 
