@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -20,6 +21,7 @@ import torch
 from sample_fast.envs.toy import ToyEnv
 from test_sampler import ACTION_STEP, LOG_STD, VersionPolicy, check_batch, toy_env
 
+from sample_fast import trajectory_store
 from sample_fast.procs import LEAK_WINDOW_S, SharedRngState, leaked_shm, pid_alive, shm_entries
 from sample_fast.runner import Runner, RunnerConfig, SamplerError, SamplerRestartLimit
 from sample_fast.sampler import SamplerConfig
@@ -204,6 +206,32 @@ def test_killed_sampler_is_detected_within_seconds():
     assert time.monotonic() - killed["t"] < 10.0
     assert not pid_alive(killed["pid"])
     assert len(hooks.stops) == 1 and hooks.stops[0][1].startswith("error: SamplerRestartLimit")
+
+
+@pytest.mark.timeout(90)
+def test_a_sampler_killed_inside_the_stores_lock_is_reported_as_killed():
+    """The sampler dies holding the store's lock (a kill -9 inside its microseconds, seen once in CI): the learner's
+    release of its slot times out on the lock, and the error must name the death and its signal, not only the lock.
+    Staged from the learner's side: during its second train() the learner takes the store's lock itself and kills
+    the sampler, so the release that follows meets a lock nobody will give back; a timer thread frees it afterwards
+    (a multiprocessing Lock has no owner) so that shutdown can use the store."""
+    runner, hooks = _runner("async", max_sampler_restarts=0)
+    train, killed = runner.learner.train, {}
+
+    def train_then_kill_inside_the_lock(batch):
+        out = train(batch)
+        if not killed:
+            killed["pid"] = runner.process.pid
+            assert runner.store._lock.acquire(timeout=5.0)
+            os.kill(killed["pid"], signal.SIGKILL)
+            threading.Timer(trajectory_store.LOCK_TIMEOUT_S + 2.0, runner.store._lock.release).start()
+        return out
+
+    runner.learner.train = train_then_kill_inside_the_lock
+    with pytest.raises(SamplerError, match=r"died with signal SIGKILL") as err:
+        runner.run(total_env_steps=10**9)
+    assert f"pid {killed['pid']}" in str(err.value) and "held the store's lock" not in str(err.value)
+    assert not pid_alive(killed["pid"])
 
 
 @pytest.mark.timeout(90)
