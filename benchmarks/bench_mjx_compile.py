@@ -7,8 +7,9 @@
 
 Variants: ``current`` (the env as it is; called ``reset_forward`` in the first result), ``full`` (a full
 ``mjx.forward`` at reset instead of ``reset_forward``), ``llvm_cheap`` (the env as it is, in a process with
-``XLA_FLAGS=--xla_llvm_disable_expensive_passes=true``, what tests/conftest.py sets for the test suite; XLA reads it
-from the environment only: the same key among ``compile()``'s compiler options changed nothing here).
+``XLA_FLAGS=--xla_llvm_disable_expensive_passes=true``, measured for the test suite and not adopted:
+benchmarks/results/mjx_compile_llvm_passes/; XLA reads it from the environment only: the same key among
+``compile()``'s compiler options changed nothing here).
 
 A gymnasium reset runs ``mj_forward``; the env's reset program and the reset branch inside its step program (the
 envs whose episode ended) compute only the stages the task's observation and position read (``reset_forward``).
@@ -60,7 +61,7 @@ print(json.dumps({"compile_s": env.compile_s, "reset_xla_s": times[0], "step_xla
 """
 
 
-#: XLA_FLAGS of the llvm_cheap variant (tests/conftest.py sets the same for the suite)
+#: XLA_FLAGS of the llvm_cheap variant
 LLVM_CHEAP = "--xla_llvm_disable_expensive_passes=true"
 
 
