@@ -539,11 +539,10 @@ class Runner:
             except StoreLockTimeout as e:  # the sampler died or is stopped inside the lock: replace it
                 if self.mode == "serial":
                     raise
-                held = SamplerError(f"the sampler process (pid {self.process.pid}) held the store's lock: {e}",
-                                    kind="stalled")  # fmt: skip
                 # A kill -9 that lands inside the lock's microseconds is still a death: name it and its signal.
                 self._check_sampler()
-                raise held from None
+                raise SamplerError(f"the sampler process (pid {self.process.pid}) held the store's lock: {e}",
+                                   kind="stalled") from None  # fmt: skip
         self._num_trains += 1
         self.env_steps += store.rollout_len * store.num_envs
         if self.param_store is not None:
