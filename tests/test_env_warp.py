@@ -484,7 +484,9 @@ def test_trainer_runs_with_the_warp_backend(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_csv(str(tmp_path / "progress.csv"))
-    assert len(rows) >= 2 and rows[-1]["env_steps"] >= 256
+    # It trained through the last step. How many rows the 5 s log interval gives depends on the host's speed (one on
+    # a slow host), so the learner's update count is checked, not the number of rows.
+    assert rows[-1]["env_steps"] >= 256 and rows[-1]["num_updates"] >= 2, rows
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(tmp_path / "config.yaml")
