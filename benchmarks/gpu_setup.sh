@@ -17,7 +17,7 @@
 #: rich, cloudpickle, pyyaml, packaging, zipp, fsspec, opencv): the trainer's own needs, MuJoCo + MJX, the ale backend.
 GPU_WHEELS="hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 gymnasium==1.4.0
   farama-notifications==0.0.6 tensordict==0.14.3 pyvers==0.2.3 orjson==3.13.0 importlib-metadata==10.2.0
-  mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0 mujoco-mjx==3.17.0 mujoco-warp==4.0.0 glfw==2.11.0
+  mujoco==4.0.1 mujoco-core==4.0.1 mujoco-studio==4.0.1 mujoco-mjx==3.17.0 mujoco-warp==4.0.0 glfw==2.11.0
   pyopengl==3.1.10 trimesh==5.2.0 websockets==17.4 ale-py==0.12.1 torchrl==0.14.1 hoptorch==0.1.4"
 
 gpu_fetch_wheels() {  # gpu_fetch_wheels DIR: GPU_WHEELS for CPython 3.12 on x86-64 Linux into DIR (pip access needed)
