@@ -63,7 +63,7 @@ def test_pong_trains_end_to_end(tmp_path, mode):
     whole Pong points at the raw score (integer returns in [-21, 21], even where the learner scales its rewards),
     and the learner trained (num_updates > 0) on the CNN."""
     rdir = tmp_path / "run"
-    total = 1024  # 256 agent steps per env: at least 2 episodes of 100 steps each
+    total = 512  # 128 agent steps per env: one whole 100-step episode each
     overrides = ["env=pong", *_QUIET, f"run.mode={mode}", f"run.total_env_steps={total}", "env.num_envs=4",
                  "sampler.rollout_len=32", "+env.options.max_episode_steps=100", "logging.interval_s=0.5",
                  "learner.num_epochs=1", "learner.num_minibatches=2",  # 2 CNN updates per batch, not atari's 32
