@@ -24,20 +24,45 @@ if [ -z "${TORCH_SPEC:-}" ]; then
     TORCH_SPEC="torch==2.13.0"    # the CPU wheel; an unpinned torch would drag in a multi-GB CUDA build
   fi
 fi
+# PERF: pip byte-compiles every file it installs, one after the other, on one core (about a third of set-up). The
+# installs below skip that (--no-compile) and compileall does it on the other cores: torch's files while pip
+# unpacks everything else, the rest at the end with every core (benchmarks/results/test_suite_time/README.md).
+# The .pyc files matter here: with PYTHONDONTWRITEBYTECODE=1 (as in this project's CI) nothing is cached at import.
+SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+COMPILE_PID=
+trap '[ -n "$COMPILE_PID" ] && kill "$COMPILE_PID" 2>/dev/null; true' EXIT
+byte_compile() {  # byte_compile JOBS DIR...: errors are skipped, as pip skips them (some packages ship py2 files)
+  local jobs=$1
+  shift
+  "$VPY" -m compileall -q -j "$jobs" "$@" >/dev/null 2>&1 || true
+}
 if ! "$VPY" -c 'import torch' >/dev/null 2>&1; then
   echo "setup: installing $TORCH_SPEC"
-  "$VPY" -m pip install -q "$TORCH_SPEC"
+  before=$(ls "$SITE")
+  "$VPY" -m pip install -q --no-compile "$TORCH_SPEC"
+  # what this install added (torch and its dependencies), compiled while pip goes on with the other packages
+  mapfile -t added < <(comm -13 <(echo "$before") <(ls "$SITE") | grep -v '[.]dist-info$' | sed "s|^|$SITE/|")
+  if [ ${#added[@]} -gt 0 ]; then
+    byte_compile 1 "${added[@]}" &
+    COMPILE_PID=$!
+  fi
 fi
 echo "setup: installing sample_fast (editable) and its dependencies"
-"$VPY" -m pip install -q -e ".[dev]"
+"$VPY" -m pip install -q --no-compile -e ".[dev]"
 # MuJoCo Warp (the warp backend) is pinned in pyproject.toml; installed again here with the pin spelled out so a
 # stale venv moves to it (docs/warp.md: moving the pin). -c keeps pip from touching the torch installed above.
 WARP_PINS="mujoco-warp==4.0.0 warp-lang==1.19.0"
 # shellcheck disable=SC2086  # WARP_PINS is a list of requirements
-"$VPY" -m pip install -q $WARP_PINS -c <("$VPY" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')
+"$VPY" -m pip install -q --no-compile $WARP_PINS -c <("$VPY" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])')
 # EnvPool is optional: it ships wheels for Linux x86_64 only. CI installs it whenever it can.
-if ! "$VPY" -m pip install -q "envpool>=1.2" 2>/dev/null; then
+if ! "$VPY" -m pip install -q --no-compile "envpool>=1.2" 2>/dev/null; then
   echo "setup: envpool did not install on this platform; its backend and tests are skipped"
 fi
+echo "setup: byte-compiling the installed packages"
+if [ -n "$COMPILE_PID" ]; then
+  wait "$COMPILE_PID" || true
+  COMPILE_PID=
+fi
+byte_compile 0 "$SITE"  # every core; files compiled before are skipped (their .pyc is up to date)
 "$VPY" -c 'import torch; assert torch.__version__, "torch missing"; print("setup: torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")'
 echo "setup: done. Activate with: source .venv/bin/activate"
