@@ -30,20 +30,20 @@ fi
 # The .pyc files matter here: with PYTHONDONTWRITEBYTECODE=1 (as in this project's CI) nothing is cached at import.
 SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 COMPILE_PID=
-trap '[ -n "$COMPILE_PID" ] && kill "$COMPILE_PID" 2>/dev/null; true' EXIT
-byte_compile() {  # byte_compile JOBS DIR...: errors are skipped, as pip skips them (some packages ship py2 files)
-  local jobs=$1
-  shift
-  "$VPY" -m compileall -q -j "$jobs" "$@" >/dev/null 2>&1 || true
-}
+stop_compile() { if [ -n "$COMPILE_PID" ]; then kill "$COMPILE_PID" 2>/dev/null || true; fi; }
+# A background job of a script ignores Ctrl-C (SIGINT), so these traps stop it on every way out.
+trap stop_compile EXIT
+trap 'stop_compile; exit 130' INT
+trap 'stop_compile; exit 143' TERM
 if ! "$VPY" -c 'import torch' >/dev/null 2>&1; then
   echo "setup: installing $TORCH_SPEC"
   before=$(ls "$SITE")
   "$VPY" -m pip install -q --no-compile "$TORCH_SPEC"
   # what this install added (torch and its dependencies), compiled while pip goes on with the other packages
-  mapfile -t added < <(comm -13 <(echo "$before") <(ls "$SITE") | grep -v '[.]dist-info$' | sed "s|^|$SITE/|")
+  added=()
+  while IFS= read -r name; do added+=("$SITE/$name"); done < <(comm -13 <(echo "$before") <(ls "$SITE") | grep -v '[.]dist-info$')
   if [ ${#added[@]} -gt 0 ]; then
-    byte_compile 1 "${added[@]}" &
+    "$VPY" -m compileall -q -j 1 "${added[@]}" >/dev/null 2>&1 &  # python itself, so the EXIT trap can stop it
     COMPILE_PID=$!
   fi
 fi
@@ -63,6 +63,8 @@ if [ -n "$COMPILE_PID" ]; then
   wait "$COMPILE_PID" || true
   COMPILE_PID=
 fi
-byte_compile 0 "$SITE"  # every core; files compiled before are skipped (their .pyc is up to date)
+# every core; files compiled before are skipped (their .pyc is up to date); a file that does not compile is skipped,
+# as pip skips it (compileall's exit status then says 1)
+"$VPY" -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || true
 "$VPY" -c 'import torch; assert torch.__version__, "torch missing"; print("setup: torch", torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")'
 echo "setup: done. Activate with: source .venv/bin/activate"
