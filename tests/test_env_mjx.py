@@ -433,7 +433,7 @@ def _c_states(task, opts: dict, num: int, seed: int):
 def test_task_functions_give_the_same_values_in_jax_as_in_numpy(name):
     """The task code is written once against an array namespace; the mjx backend runs it with ``jax.numpy`` per env
     under ``vmap``, MuJoCo C with numpy on the batch. On the same float32 C states (healthy and fallen ones): the
-    observation, the reward, the position, healthy and terminated agree, so the MJX agreement jobs above (which
+    observation, the reward, the position, healthy and terminated agree, so the MJX agreement jobs below (which
     compile a whole env per task) test MJX's physics rather than this. Walker2d has no MJX agreement job of its
     own: its task code is checked here and its env program is Hopper's."""
     task = tasks.TASKS[name]
