@@ -119,7 +119,7 @@ def write_run_files(cfg: TrainConfig, rdir: str, resumed_from: int, extra: dict 
     )
     meta.setdefault("starts", []).append(
         {
-            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "argv": sys.argv,
             "host": platform.node(),
             "resumed_from_env_steps": resumed_from,

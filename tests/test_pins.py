@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import tomllib
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A new release of any of these changes physics results or compile time and speed, so each is pinned exactly.
@@ -16,7 +15,6 @@ MUST_PIN = ("mujoco", "mujoco-mjx", "mujoco-warp", "warp-lang", "jax", "jaxlib")
 
 
 def _requirements() -> list[str]:
-    tomllib = pytest.importorskip("tomllib")  # the standard library from Python 3.11 (3.10 has no TOML reader)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     return list(project["dependencies"]) + list(project["optional-dependencies"]["dev"])
 
