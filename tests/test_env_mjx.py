@@ -12,6 +12,7 @@ tests/conftest.py), so most of their minutes overlap the rest of the suite.
 
 from __future__ import annotations
 
+import copy
 import os
 
 import jax
@@ -401,32 +402,29 @@ def _c_states(task, opts: dict, num: int, seed: int):
     consts = physics.model_consts(model)
     rng = np.random.default_rng(seed)
     d = mujoco.MjData(model)
-    rows, acts, vels = [], [], []
-
-    def fields() -> dict:
-        return {f: np.array(getattr(d, f)) for f in task.fields}
-
+    befores, afters, acts = [], [], []
     for i in range(num):
         if i % 12 == 0:  # a new rollout from a perturbed initial state
             mujoco.mj_resetData(model, d)
             d.qpos[:] = model.qpos0 + rng.uniform(-0.1, 0.1, model.nq)
             d.qvel[:] = rng.normal(0, 0.1, model.nv)
             mujoco.mj_forward(model, d)
-        a = rng.uniform(-1.5, 1.5, model.nu)
-        before = task.position(np, tasks.Physics(**fields()), opts, consts)
-        d.ctrl[:] = a
+        befores.append(copy.copy(d))
+        acts.append(rng.uniform(-1.5, 1.5, model.nu))
+        d.ctrl[:] = acts[-1]
         mujoco.mj_step(model, d, nstep=opts["frame_skip"])
         if i % 12 == 11 and task.name in ROOT_Z:
             d.qpos[ROOT_Z[task.name]] = 0.05
             mujoco.mj_forward(model, d)
         if "cfrc_ext" in task.fields:
             mujoco.mj_rnePostConstraint(model, d)
-        rows.append(fields())
-        acts.append(a)
-        after = task.position(np, tasks.Physics(**rows[-1]), opts, consts)
-        vels.append((after - before) / (model.opt.timestep * opts["frame_skip"]))
-    batched = tasks.Physics(**{f: np.stack([r[f] for r in rows]).astype(np.float32) for f in task.fields})
-    return batched, np.stack(acts).astype(np.float32), np.stack(vels).astype(np.float32), consts
+        afters.append(copy.copy(d))
+    before, after = _c_physics(task, befores), _c_physics(task, afters)
+    velocity = (task.position(np, after, opts, consts) - task.position(np, before, opts, consts)) / (
+        model.opt.timestep * opts["frame_skip"]
+    )
+    phys = after._replace(**{f: getattr(after, f).astype(np.float32) for f in task.fields})
+    return phys, np.stack(acts).astype(np.float32), velocity.astype(np.float32), consts
 
 
 @pytest.mark.parametrize("name", ["halfcheetah", "hopper", "walker2d", "ant", "humanoid"])
