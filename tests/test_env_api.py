@@ -41,14 +41,11 @@ CASES: dict[str, tuple[str | None, tuple, dict]] = {
 
 #: The cases as pytest params; building an MJX env compiles, so those run only with --runslow.
 #: The mjx and warp cases join the tests that compile the same program or kernels (tests/conftest.py: one worker).
-CASE_PARAMS = [
-    pytest.param(c, marks=[pytest.mark.slow, pytest.mark.xdist_group("mjx-halfcheetah")])
-    if c == "mjx"
-    else pytest.param(c, marks=pytest.mark.xdist_group("warp-kernels"))
-    if c == "warp"
-    else c
-    for c in CASES
-]
+CASE_MARKS = {
+    "mjx": [pytest.mark.slow, pytest.mark.xdist_group("mjx-halfcheetah")],
+    "warp": [pytest.mark.xdist_group("warp-kernels")],
+}
+CASE_PARAMS = [pytest.param(c, marks=CASE_MARKS.get(c, ())) for c in CASES]
 
 
 def _make_case(case_id: str, **extra):
