@@ -63,6 +63,8 @@ print(json.dumps({"compile_s": env.compile_s, "reset_xla_s": times[0], "step_xla
 
 #: XLA_FLAGS of the llvm_cheap variant
 LLVM_CHEAP = "--xla_llvm_disable_expensive_passes=true"
+#: the variants and their names in the report
+VARIANTS = {"current": "current", "full": "mjx.forward at reset", "llvm_cheap": "LLVM's expensive passes off"}
 
 
 def run_case(task: str, variant: str, timeout_s: float) -> dict:
@@ -79,15 +81,15 @@ def run_case(task: str, variant: str, timeout_s: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", default="humanoid")
-    ap.add_argument("--variants", default="current,full", help="comma-separated: current, full, llvm_cheap")
+    ap.add_argument("--variants", default="current,full", help=f"comma-separated: {', '.join(VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timeout-s", type=float, default=600)
     ap.add_argument("--out", type=Path, default=OUT)
     harness.add_quiet_arguments(ap)
     args = ap.parse_args()
     variants = args.variants.split(",")
-    if "current" not in variants or not set(variants) <= {"current", "full", "llvm_cheap"}:
-        ap.error(f"--variants must include current and name only current, full, llvm_cheap: {variants}")
+    if "current" not in variants or not set(variants) <= set(VARIANTS):
+        ap.error(f"--variants must include current and name only {', '.join(VARIANTS)}: {variants}")
     quiet = harness.check_quiet_from_args(args)
     rows = []
     for task in args.tasks.split(","):
@@ -107,8 +109,7 @@ def main() -> None:
 
 def write_report(meta: dict, rows: list[dict], variants: list[str], out: Path) -> str:
     """README.md from the rows: the median per task and variant with its ratio to ``current``, then every case."""
-    names = {"current": "current", "full": "mjx.forward at reset", "llvm_cheap": "LLVM's expensive passes off"}
-    lines = [f"# MJX compile time: {' vs '.join(names[v] for v in variants)} ({meta['date']}, {meta['cpu']})", "",
+    lines = [f"# MJX compile time: {' vs '.join(VARIANTS[v] for v in variants)} ({meta['date']}, {meta['cpu']})", "",
              f"`{meta['command']}`: 2 envs, `xla_opt_level=0`, each case in a fresh process; median over the rounds, "
              "seconds (`compile.json` has every case); step: median of 20 env steps after the compile.", "",
              harness.quiet_line(meta["quiet"]), "",
@@ -122,7 +123,7 @@ def write_report(meta: dict, rows: list[dict], variants: list[str], out: Path) -
             med[variant] = {k: statistics.median(x[k] for x in sel) for k in keys} | {"n": len(sel)}
         for variant, m in med.items():
             ratio = m["compile_s"] / med["current"]["compile_s"]
-            lines.append(f"| {task} | {names[variant]} | {m['reset_xla_s']:.1f} | {m['step_xla_s']:.1f} | "
+            lines.append(f"| {task} | {VARIANTS[variant]} | {m['reset_xla_s']:.1f} | {m['step_xla_s']:.1f} | "
                          f"{m['compile_s']:.1f} | {ratio:.2f}x | {m['step_ms']:.1f} | {m['n']} |")  # fmt: skip
     lines += ["", "Every case: " + "; ".join(
         f"{x['task']} {x['variant']} round {x['round']}: " + " / ".join(f"{x[k]:.1f}" for k in keys) for x in rows
