@@ -11,6 +11,9 @@ Deviations from MuJoCo C / gymnasium are listed in ``MJX_DEVIATIONS`` and ``env.
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -35,6 +38,14 @@ MJX_DEVIATIONS = """\
 """
 
 _SOLVERS = {"newton": mujoco.mjtSolver.mjSOL_NEWTON, "cg": mujoco.mjtSolver.mjSOL_CG}
+
+#: Compiled programs of this process, by everything they depend on (``MjxEnv._program_key``): an env identical to
+#: one built before (the trainer's second sampler split, a test's second env) reuses its reset / step executables
+#: instead of tracing, lowering and compiling them again. The model is an argument of the programs, not a constant,
+#: and each env keeps its own state buffers, so sharing an executable shares no state. Bounded, least recent first.
+_PROGRAMS: collections.OrderedDict[tuple, tuple[Any, Any, Any]] = collections.OrderedDict()
+_PROGRAMS_LOCK = threading.Lock()  # held while building: a second identical env waits for the first one's programs
+PROGRAM_CACHE_SIZE = 8
 
 
 class EnvState(NamedTuple):
@@ -234,7 +245,8 @@ def _batch_programs(
 class MjxEnv(BatchedEnv):
     """MJX backend. See the module docstring; build with ``sample_fast.envs.make(name, n, backend="mjx")``.
 
-    Attributes beyond ``BatchedEnv``: ``compile_s`` (seconds spent compiling reset + step, once per instance),
+    Attributes beyond ``BatchedEnv``: ``compile_s`` (seconds this instance spent getting its reset + step programs:
+    about 0 when an identical env of this process had compiled them, ``programs_reused``),
     ``deviations`` (model changes made for MJX), ``options`` (resolved task + backend options), ``mj_model`` (the
     MjModel actually simulated), ``jax_device``.
     """
@@ -309,24 +321,54 @@ class MjxEnv(BatchedEnv):
 
         return jax.tree_util.tree_map(cast, tree)
 
+    def _program_key(self) -> tuple:
+        """What the compiled programs depend on: the simulated model (its bytes, after ``_adapt_model``), the resolved
+        options (values closed over), which model fields are per env (``model_params``: their values are arguments),
+        the batch size, precision and x64 mode, the device, and ``skips_idle_reset``'s choice of reset branch."""
+        buf = np.zeros(mujoco.mj_sizeModel(self.mj_model), np.uint8)
+        mujoco.mj_saveModel(self.mj_model, None, buf)
+        opts = {k: v for k, v in self.options.items() if k not in ("model_params", "compilation_cache_dir")}
+        per_env = None
+        if self._mx_axes is not None:
+            per_env = tuple(sorted((k, np.shape(v)) for k, v in self.options["model_params"].items()))
+        return (self.name, hashlib.sha256(buf.tobytes()).hexdigest(), repr(sorted(opts.items())), per_env,
+                self.num_envs, str(self.dtype), bool(jax.config.jax_enable_x64), str(self.jax_device),
+                skips_idle_reset(self.jax_device))  # fmt: skip
+
     def _build_programs(self) -> None:
-        """Trace and compile reset and step once for this instance; ``compile_s`` records the time."""
+        """Trace and compile reset and step once per process for identical envs (``_PROGRAMS``); ``compile_s``
+        records the time this instance spent (about 0 when it reused the programs: ``programs_reused``)."""
+        t0 = time.perf_counter()
+        keys = jax.device_put(_seed_keys(self._seed, self.num_envs), self.jax_device)
+        key = self._program_key()
+        with _PROGRAMS_LOCK:
+            programs = _PROGRAMS.get(key)
+            self.programs_reused = programs is not None
+            if programs is None:
+                programs = self._compile_programs(keys)
+                _PROGRAMS[key] = programs
+                while len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+                    _PROGRAMS.popitem(last=False)
+            _PROGRAMS.move_to_end(key)
+        self._reset_fn, self._step_fn, self._reset_some = programs
+        self._state, _ = self._reset_fn(self._mx, keys)
+        self.compile_s = time.perf_counter() - t0
+
+    def _compile_programs(self, keys: jax.Array) -> tuple[Any, Any, Any]:
+        """``(reset, step, reset_some)`` for this instance: reset and step traced and compiled now, ``reset_some``
+        on the first ``reset(env_mask=...)``."""
         reset_one, step_one = self._per_env_programs()
         reset_all, step_all, reset_some = _batch_programs(
             reset_one, step_one, self._mx_axes, self.options["max_episode_steps"], skips_idle_reset(self.jax_device)
         )
-        self._reset_some = jax.jit(reset_some, donate_argnums=(0,))  # compiled on the first reset(env_mask=...)
         level = self.options["xla_opt_level"]
         compiler_options = None if level is None else {"xla_backend_optimization_level": int(level)}
-        t0 = time.perf_counter()
-        keys = jax.device_put(_seed_keys(self._seed, self.num_envs), self.jax_device)
-        self._reset_fn = jax.jit(reset_all).lower(self._mx, keys).compile(compiler_options)
-        state, _ = self._reset_fn(self._mx, keys)
+        reset_fn = jax.jit(reset_all).lower(self._mx, keys).compile(compiler_options)
+        state, _ = reset_fn(self._mx, keys)
         actions = jax.device_put(jnp.zeros((self.num_envs, self.consts.nu), jnp.float32), self.jax_device)
         # Donating the state lets XLA write the next state into the same buffers (no per-step allocation).
-        self._step_fn = jax.jit(step_all, donate_argnums=(0,)).lower(state, self._mx, actions).compile(compiler_options)
-        self.compile_s = time.perf_counter() - t0
-        self._state = state
+        step_fn = jax.jit(step_all, donate_argnums=(0,)).lower(state, self._mx, actions).compile(compiler_options)
+        return reset_fn, step_fn, jax.jit(reset_some, donate_argnums=(0,))
 
     def _per_env_programs(self) -> tuple[Callable, Callable]:
         """One env's traced functions: ``reset_one(mx, key) -> (data, obs)`` and ``step_one(mx, d, action) ->

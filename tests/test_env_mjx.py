@@ -133,6 +133,38 @@ def test_dlpack_is_zero_copy_on_cpu():
 
 
 @pytest.mark.timeout(300, method="thread")
+def test_an_identical_env_reuses_the_compiled_programs_and_keeps_its_own_state(cheetah, monkeypatch):
+    """A second env with the same task, options and size (the trainer's second sampler split) takes the first one's
+    executables from the process's program cache instead of tracing and compiling them again; its state is its own.
+    Any difference in what the programs close over (here the time limit, the per-env model fields) is a miss."""
+    twin = make("halfcheetah", NUM_ENVS, backend="mjx", seed=1, **FAST_OPTIONS)
+    try:
+        assert twin.programs_reused and twin._step_fn is cheetah._step_fn and twin._reset_fn is cheetah._reset_fn
+        assert twin.compile_s < 2.0, twin.compile_s  # no trace, lower or compile (the first build: ~10-40 s here)
+        actions = random_actions(4, NUM_ENVS, 6, seed=9)
+        cheetah.reset(seed=3)
+        alone = [cheetah.step(a).obs.clone() for a in actions]
+        cheetah.reset(seed=3)
+        twin.reset(seed=3)
+        for a, want in zip(actions, alone, strict=True):
+            twin.step(-a)  # other actions on the twin, interleaved: the first env's rollout must not change
+            torch.testing.assert_close(cheetah.step(a).obs, want, rtol=0, atol=0)
+        assert not torch.equal(twin.step(actions[0]).obs, cheetah.step(actions[0]).obs)
+    finally:
+        twin.close()
+
+    def miss(self, keys):
+        raise RuntimeError("compiled again")
+
+    monkeypatch.setattr(mjx_env.MjxEnv, "_compile_programs", miss)
+    with pytest.raises(RuntimeError, match="compiled again"):
+        make("halfcheetah", NUM_ENVS, backend="mjx", seed=1, **{**FAST_OPTIONS, "max_episode_steps": MAX_STEPS + 1})
+    with pytest.raises(RuntimeError, match="compiled again"):  # the same options, masses per env
+        mass = np.tile(cheetah.mj_model.body_mass, (NUM_ENVS, 1))
+        make("halfcheetah", NUM_ENVS, backend="mjx", seed=1, model_params={"body_mass": mass}, **FAST_OPTIONS)
+
+
+@pytest.mark.timeout(300, method="thread")
 def test_seeded_reset_is_deterministic_and_noise_follows_the_task(cheetah):
     env = cheetah
     actions = random_actions(3, NUM_ENVS, 6, seed=0)
