@@ -10,8 +10,9 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: A new release of any of these changes physics results or compile time and speed, so each is pinned exactly.
-MUST_PIN = ("mujoco", "mujoco-mjx", "mujoco-warp", "warp-lang", "jax", "jaxlib")
+#: A new release of any of these changes physics results or compile time and speed, or (tensordict, torchrl: pre-1.0)
+#: the slot store's and the adapters' behaviour, so each is pinned exactly.
+MUST_PIN = ("mujoco", "mujoco-mjx", "mujoco-warp", "warp-lang", "jax", "jaxlib", "tensordict", "torchrl")
 
 
 def _requirements() -> list[str]:
@@ -51,6 +52,6 @@ def test_the_warp_record_and_the_gpu_wheels_name_the_same_versions():
     assert all(f"{k}=={v}" in setup for k, v in warp_env.PINNED_VERSIONS.items())  # WARP_PINS
     gpu = re.search(r'GPU_WHEELS="([^"]*)"', (ROOT / "benchmarks" / "gpu_setup.sh").read_text()).group(1)
     gpu_pins = dict(w.split("==") for w in gpu.split())
-    shared = {"mujoco", "mujoco-mjx", "mujoco-warp"}
+    shared = {"mujoco", "mujoco-mjx", "mujoco-warp", "tensordict", "torchrl"}
     assert {k: gpu_pins[k] for k in shared} == {k: pins[k] for k in shared}
     assert gpu_pins["mujoco-core"] == gpu_pins["mujoco-studio"] == pins["mujoco"]  # mujoco 4 requires them equal
