@@ -43,7 +43,7 @@ _SOLVERS = {"newton": mujoco.mjtSolver.mjSOL_NEWTON, "cg": mujoco.mjtSolver.mjSO
 #: one built before (the trainer's second sampler split, a test's second env) reuses its reset / step executables
 #: instead of tracing, lowering and compiling them again. The model is an argument of the programs, not a constant,
 #: and each env keeps its own state buffers, so sharing an executable shares no state. Bounded, least recent first.
-_PROGRAMS: collections.OrderedDict[tuple, tuple[Any, Any, Any]] = collections.OrderedDict()
+_PROGRAMS: collections.OrderedDict[tuple, tuple[Any, Any, Any, tasks.TaskDef]] = collections.OrderedDict()
 _PROGRAMS_LOCK = threading.Lock()  # held while building: a second identical env waits for the first one's programs
 PROGRAM_CACHE_SIZE = 8
 
@@ -331,8 +331,10 @@ class MjxEnv(BatchedEnv):
         per_env = None
         if self._mx_axes is not None:
             per_env = tuple(sorted((k, np.shape(v)) for k, v in self.options["model_params"].items()))
-        return (self.name, hashlib.sha256(buf.tobytes()).hexdigest(), repr(sorted(opts.items())), per_env,
-                self.num_envs, str(self.dtype), bool(jax.config.jax_enable_x64), str(self.jax_device),
+        # id(task): the task's functions are traced into the programs, and a custom robot can be registered again
+        # under its name with other functions (the cache entry holds the task, so the id stays its own meanwhile)
+        return (self.name, id(self.task), hashlib.sha256(buf.tobytes()).hexdigest(), repr(sorted(opts.items())),
+                per_env, self.num_envs, str(self.dtype), bool(jax.config.jax_enable_x64), str(self.jax_device),
                 skips_idle_reset(self.jax_device))  # fmt: skip
 
     def _build_programs(self) -> None:
@@ -342,15 +344,15 @@ class MjxEnv(BatchedEnv):
         keys = jax.device_put(_seed_keys(self._seed, self.num_envs), self.jax_device)
         key = self._program_key()
         with _PROGRAMS_LOCK:
-            programs = _PROGRAMS.get(key)
-            self.programs_reused = programs is not None
-            if programs is None:
-                programs = self._compile_programs(keys)
-                _PROGRAMS[key] = programs
+            entry = _PROGRAMS.get(key)
+            self.programs_reused = entry is not None
+            if entry is None:
+                entry = (*self._compile_programs(keys), self.task)  # the task: see _program_key
+                _PROGRAMS[key] = entry
                 while len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
                     _PROGRAMS.popitem(last=False)
             _PROGRAMS.move_to_end(key)
-        self._reset_fn, self._step_fn, self._reset_some = programs
+        self._reset_fn, self._step_fn, self._reset_some, _ = entry
         self._state, _ = self._reset_fn(self._mx, keys)
         self.compile_s = time.perf_counter() - t0
 

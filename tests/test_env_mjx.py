@@ -14,6 +14,7 @@ tests/conftest.py), so most of their minutes overlap the rest of the suite.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 
 import jax
@@ -162,6 +163,10 @@ def test_an_identical_env_reuses_the_compiled_programs_and_keeps_its_own_state(c
     with pytest.raises(RuntimeError, match="compiled again"):  # the same options, masses per env
         mass = np.tile(cheetah.mj_model.body_mass, (NUM_ENVS, 1))
         make("halfcheetah", NUM_ENVS, backend="mjx", seed=1, model_params={"body_mass": mass}, **FAST_OPTIONS)
+    # the same name, model and options, another task object (a custom robot registered again with a new reward)
+    monkeypatch.setitem(tasks.TASKS, "halfcheetah", dataclasses.replace(tasks.TASKS["halfcheetah"]))
+    with pytest.raises(RuntimeError, match="compiled again"):
+        make("halfcheetah", NUM_ENVS, backend="mjx", seed=1, **FAST_OPTIONS)
 
 
 @pytest.mark.timeout(300, method="thread")
