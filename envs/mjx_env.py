@@ -12,6 +12,7 @@ Deviations from MuJoCo C / gymnasium are listed in ``MJX_DEVIATIONS`` and ``env.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import threading
 import time
@@ -166,6 +167,17 @@ def jax_device_for(device: torch.device) -> Any:
     raise EnvError(f"backend 'mjx' runs on 'cpu' or 'cuda' devices, not {device}")
 
 
+def _cast_tree(tree: Any, dtype: Any) -> Any:
+    """Floating leaves of ``tree`` cast to ``dtype``."""
+
+    def cast(x: Any) -> Any:
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+            return x.astype(dtype)
+        return x
+
+    return jax.tree_util.tree_map(cast, tree)
+
+
 def _where_rows(mask: jax.Array, a: Any, b: Any) -> Any:
     """Per leaf of the pytrees ``a`` and ``b`` (rows = envs): ``a``'s rows where ``mask``, else ``b``'s."""
 
@@ -313,13 +325,7 @@ class MjxEnv(BatchedEnv):
 
     def _cast(self, tree: Any) -> Any:
         """Cast floating leaves to the env's precision (a no-op in float32 without x64)."""
-
-        def cast(x: Any) -> Any:
-            if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != self.dtype:
-                return x.astype(self.dtype)
-            return x
-
-        return jax.tree_util.tree_map(cast, tree)
+        return _cast_tree(tree, self.dtype)
 
     def _program_key(self) -> tuple:
         """What the compiled programs depend on: the simulated model (its bytes, after ``_adapt_model``), the resolved
@@ -383,7 +389,7 @@ class MjxEnv(BatchedEnv):
         normal_qvel = task.reset_noise == "uniform_normal"
         zero_cfrc = jnp.zeros((self.consts.nbody, 6), dtype)
         gravcomp = bool(self.mj_model.flg_gravcomp)  # some body has gravity compensation
-        cast = self._cast
+        cast = functools.partial(_cast_tree, dtype=dtype)  # not self._cast: _PROGRAMS must not keep this env alive
 
         def reset_one(mx: Any, key: jax.Array) -> tuple[Any, jax.Array]:
             # Gymnasium: qpos = init_qpos + U(-s, s); qvel = init_qvel + s*N(0,1) (ant, cheetah) or U(-s, s).

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import inspect
 import os
 
 import jax
@@ -133,6 +135,33 @@ def test_dlpack_is_zero_copy_on_cpu():
     assert t.shape == (3, 4) and torch.equal(t, torch.arange(12.0).reshape(3, 4))
 
 
+def _reaches_an_env(objs, depth: int = 6) -> bool:
+    """Whether an ``MjxEnv`` is reachable from ``objs`` through functions' closures and defaults, partials, bound
+    methods and containers (what a traced function can keep alive)."""
+    seen: set[int] = set()
+
+    def walk(o, d: int) -> bool:
+        if isinstance(o, mjx_env.MjxEnv):
+            return True
+        if d == 0 or id(o) in seen or isinstance(o, (str, bytes, int, float, type, jax.Array, np.ndarray)):
+            return False
+        seen.add(id(o))
+        if inspect.ismethod(o):
+            return walk(o.__self__, d - 1) or walk(o.__func__, d - 1)
+        if isinstance(o, functools.partial):
+            return any(walk(x, d - 1) for x in (o.func, *o.args, *o.keywords.values()))
+        if inspect.isfunction(o):
+            cells = [c.cell_contents for c in (o.__closure__ or ()) if c.cell_contents is not None]
+            return any(walk(x, d - 1) for x in (*cells, *(o.__defaults__ or ())))
+        if isinstance(o, (tuple, list)):
+            return any(walk(x, d - 1) for x in o)
+        if isinstance(o, dict):
+            return any(walk(x, d - 1) for x in o.values())
+        return False
+
+    return any(walk(o, depth) for o in objs)
+
+
 @pytest.mark.timeout(300, method="thread")
 def test_an_identical_env_reuses_the_compiled_programs_and_keeps_its_own_state(cheetah, monkeypatch):
     """A second env with the same task, options and size (the trainer's second sampler split) takes the first one's
@@ -163,6 +192,9 @@ def test_an_identical_env_reuses_the_compiled_programs_and_keeps_its_own_state(c
     with pytest.raises(RuntimeError, match="compiled again"):  # the same options, masses per env
         mass = np.tile(cheetah.mj_model.body_mass, (NUM_ENVS, 1))
         make("halfcheetah", NUM_ENVS, backend="mjx", seed=1, model_params={"body_mass": mass}, **FAST_OPTIONS)
+    # what the cached programs close over holds no env (it would keep a dropped env's state buffers alive)
+    assert not _reaches_an_env(cheetah._per_env_programs())
+    assert _reaches_an_env((cheetah._cast,))  # the walk does find a bound method's env
     # the same name, model and options, another task object (a custom robot registered again with a new reward)
     monkeypatch.setitem(tasks.TASKS, "halfcheetah", dataclasses.replace(tasks.TASKS["halfcheetah"]))
     with pytest.raises(RuntimeError, match="compiled again"):
