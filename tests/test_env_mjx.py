@@ -166,7 +166,8 @@ def _reaches_an_env(objs, depth: int = 6) -> bool:
 def test_an_identical_env_reuses_the_compiled_programs_and_keeps_its_own_state(cheetah, monkeypatch):
     """A second env with the same task, options and size (the trainer's second sampler split) takes the first one's
     executables from the process's program cache instead of tracing and compiling them again; its state is its own.
-    Any difference in what the programs close over (here the time limit, the per-env model fields) is a miss."""
+    Any difference in what the programs close over (here the time limit, the per-env model fields, the task object)
+    is a miss, and nothing they close over keeps an env alive."""
     twin = make("halfcheetah", NUM_ENVS, backend="mjx", seed=1, **FAST_OPTIONS)
     try:
         assert twin.programs_reused and twin._step_fn is cheetah._step_fn and twin._reset_fn is cheetah._reset_fn
