@@ -290,7 +290,11 @@ def train_torchrl(steps: int, task: str = "hopper", num_envs: int = 8, seed: int
     critic = ValueOperator(value_net, in_keys=["observation"])
     frames_per_batch = max(64, min(2048, steps // 4 // num_envs * num_envs))
     epochs, minibatch = 5, max(64, frames_per_batch // 2)  # as rl_games: fewer, larger minibatches
-    collector = Collector(env, actor, frames_per_batch=frames_per_batch, total_frames=steps)
+    # False: the env as given, as before torchrl 0.15 (this MLP policy needs no InitTracker or primer); the default
+    # None does the same on torchrl 0.14 and warns that 0.15 will change it
+    collector = Collector(
+        env, actor, frames_per_batch=frames_per_batch, total_frames=steps, auto_register_policy_transforms=False
+    )
     advantage = GAE(gamma=0.99, lmbda=0.95, value_network=critic, average_gae=True)
     loss = ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_coeff=0.0)
     optim = torch.optim.Adam(loss.parameters(), lr=3e-4)
