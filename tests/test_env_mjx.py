@@ -432,6 +432,26 @@ RESET_FORWARD_XML = """
 """
 
 
+def _reset_forward_pairs(model: mujoco.MjModel, fields: tuple[str, ...], gravcomp: bool, spread: float, seed: int):
+    """Three ``(c, d)``: a float64 MuJoCo C ``MjData`` at a random state and controls (free-joint qpos within
+    +-``spread`` of qpos0, quaternion normalised; qvel ~ N(0, 1), ctrl in [-1, 1]) after ``mj_forward``, and MJX's
+    float32 ``reset_forward`` of the same state (one compile for the three)."""
+    mx = mjx.put_model(model)
+    run = jax.jit(lambda d: mjx_env.reset_forward(mx, d, fields, gravcomp=gravcomp))
+    rng = np.random.default_rng(seed)
+    for _ in range(3):
+        c = mujoco.MjData(model)
+        c.qpos[:] = model.qpos0 + rng.uniform(-spread, spread, model.nq)
+        c.qpos[3:7] /= np.linalg.norm(c.qpos[3:7])
+        c.qvel[:] = rng.normal(0, 1, model.nv)
+        c.ctrl[:] = rng.uniform(-1, 1, model.nu)
+        d = run(mjx.make_data(model).replace(qpos=jnp.asarray(c.qpos, jnp.float32),
+                                             qvel=jnp.asarray(c.qvel, jnp.float32),
+                                             ctrl=jnp.asarray(c.ctrl, jnp.float32)))  # fmt: skip
+        mujoco.mj_forward(model, c)
+        yield c, d
+
+
 @pytest.mark.parametrize("gravcomp", [0, 1])
 def test_reset_forward_gives_mj_forwards_values_for_every_physics_field(gravcomp):
     """``mjx_env.reset_forward`` (a reset's part of mj_forward) against float64 MuJoCo C ``mj_forward`` from random
@@ -440,19 +460,8 @@ def test_reset_forward_gives_mj_forwards_values_for_every_physics_field(gravcomp
     takes the full forward pass)."""
     model = mujoco.MjModel.from_xml_string(RESET_FORWARD_XML.format(gravcomp=gravcomp))
     assert bool(model.flg_gravcomp) == bool(gravcomp)
-    rng = np.random.default_rng(3)
-    mx = mjx.put_model(model)
     fields = ("qpos", "qvel", "xpos", "xipos", "cinert", "cvel", "qfrc_actuator")
-    run = jax.jit(lambda d: mjx_env.reset_forward(mx, d, fields, gravcomp=bool(gravcomp)))
-    for _ in range(3):
-        c = mujoco.MjData(model)
-        c.qpos[:] = model.qpos0 + rng.uniform(-0.4, 0.4, model.nq)
-        c.qpos[3:7] /= np.linalg.norm(c.qpos[3:7])
-        c.qvel[:] = rng.normal(0, 1, model.nv)
-        c.ctrl[:] = rng.uniform(-1, 1, model.nu)
-        d = run(mjx.make_data(model).replace(qpos=jnp.asarray(c.qpos), qvel=jnp.asarray(c.qvel),
-                                             ctrl=jnp.asarray(c.ctrl)))  # fmt: skip
-        mujoco.mj_forward(model, c)
+    for c, d in _reset_forward_pairs(model, fields, bool(gravcomp), spread=0.4, seed=3):
         assert np.abs(c.qfrc_actuator).max() > 0.1 and np.abs(c.actuator_force[1:]).min() > 1e-3
         for f in fields[2:]:
             got = np.asarray(mjx_env._impl_field(d, f))
@@ -565,19 +574,7 @@ def test_humanoid_reset_program_matches_c_mj_forward():
     model = physics.build_model(task, opts)
     mjx_env.MjxEnv._adapt_model(model, None)  # PGS -> Newton, as the env does (no effect on a forward pass in C)
     consts = physics.model_consts(model)
-    mx = mjx.put_model(model)
-    run = jax.jit(lambda d: mjx_env.reset_forward(mx, d, task.fields, gravcomp=False))
-    rng = np.random.default_rng(7)
-    for _ in range(3):
-        c = mujoco.MjData(model)
-        c.qpos[:] = model.qpos0 + rng.uniform(-0.3, 0.3, model.nq)
-        c.qpos[3:7] /= np.linalg.norm(c.qpos[3:7])
-        c.qvel[:] = rng.normal(0, 1, model.nv)
-        c.ctrl[:] = rng.uniform(-1, 1, model.nu)
-        d = run(mjx.make_data(model).replace(qpos=jnp.asarray(c.qpos, jnp.float32),
-                                             qvel=jnp.asarray(c.qvel, jnp.float32),
-                                             ctrl=jnp.asarray(c.ctrl, jnp.float32)))  # fmt: skip
-        mujoco.mj_forward(model, c)
+    for c, d in _reset_forward_pairs(model, task.fields, False, spread=0.3, seed=7):
         assert np.abs(c.qfrc_actuator).max() > 1 and np.abs(c.cvel).max() > 1  # moving and actuated
         for f in ("xipos", "cinert", "cvel", "qfrc_actuator"):
             got = np.asarray(mjx_env._impl_field(d, f))
